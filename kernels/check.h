@@ -1,0 +1,35 @@
+// Argument validation shared by every kernel launch function. Each check
+// returns InvalidArgument naming the argument and what was expected, so a
+// shape or dtype mismatch is reported before anything is launched.
+#pragma once
+
+#include <initializer_list>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "runtime/core/stream.h"
+#include "runtime/core/tensor.h"
+
+namespace mlag {
+
+// `t` has one of the `allowed` dtypes.
+absl::Status CheckDType(const Tensor& t, absl::string_view arg, std::initializer_list<DType> allowed);
+
+// `t` has exactly `shape.size()` dims and each size equals `shape[d]`;
+// an entry of -1 accepts any size.
+absl::Status CheckShape(const Tensor& t, absl::string_view arg, std::initializer_list<int64_t> shape);
+
+// The last dimension is unit-stride (rows may have any stride).
+absl::Status CheckRowMajor(const Tensor& t, absl::string_view arg);
+
+// Fully contiguous row-major.
+absl::Status CheckContiguous(const Tensor& t, absl::string_view arg);
+
+// `t` lives on the stream's device and has a non-null pointer (unless empty).
+absl::Status CheckOnStream(const Stream& stream, const Tensor& t, absl::string_view arg);
+
+// Every dimension of `a` and `b` equal.
+absl::Status CheckSameShape(const Tensor& a, absl::string_view a_arg, const Tensor& b,
+                            absl::string_view b_arg);
+
+}  // namespace mlag

@@ -1,0 +1,226 @@
+#include "runtime/core/device.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "mlag_config.h"
+#include "runtime/core/cuda_status.h"
+#include "runtime/core/status.h"
+
+#if MLAG_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace mlag {
+namespace {
+
+constexpr size_t kHostAlignment = 64;
+
+size_t AlignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// cudaGetDeviceCount, with its error kept for the selection message.
+int QueryCudaDevices(std::string* why_none) {
+#if MLAG_HAVE_CUDA
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    if (why_none) {
+      *why_none = absl::StrCat("cudaGetDeviceCount: ", cudaGetErrorString(err));
+    }
+    cudaGetLastError();  // clear the sticky error for later callers
+    return 0;
+  }
+  if (count == 0 && why_none) *why_none = "cudaGetDeviceCount found 0 devices";
+  return count;
+#else
+  if (why_none) *why_none = "built without CUDA";
+  return 0;
+#endif
+}
+
+unsigned HostThreads() {
+  unsigned n = std::thread::hardware_concurrency();
+  return n == 0 ? 1 : n;
+}
+
+}  // namespace
+
+// ---- Buffer ---------------------------------------------------------------------
+
+Buffer::~Buffer() { Release(); }
+
+Buffer::Buffer(Buffer&& other) noexcept { *this = std::move(other); }
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    Release();
+    data_ = other.data_;
+    bytes_ = other.bytes_;
+    kind_ = other.kind_;
+    cuda_index_ = other.cuda_index_;
+    other.data_ = nullptr;
+    other.bytes_ = 0;
+  }
+  return *this;
+}
+
+void Buffer::Release() {
+  if (data_ == nullptr) return;
+  if (kind_ == DeviceKind::kHost) {
+    std::free(data_);
+  } else {
+#if MLAG_HAVE_CUDA
+    // Destructors must not fail: a cudaFree error here can only be reported
+    // by the next checked CUDA call.
+    cudaFree(data_);
+#endif
+  }
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+Tensor Buffer::AsTensor(DType dtype, absl::Span<const int64_t> shape) const {
+  Tensor t(data_, dtype, shape, kind_);
+  return t.nbytes() <= bytes_ ? t : Tensor();
+}
+
+// ---- Device ---------------------------------------------------------------------
+
+int Device::CudaDeviceCount() { return QueryCudaDevices(nullptr); }
+
+absl::StatusOr<std::unique_ptr<Device>> Device::Create(absl::string_view spec) {
+  std::unique_ptr<Device> device;
+  if (spec == "host") {
+    device.reset(new Device(DeviceKind::kHost, 0));
+    device->selection_reason_ = "host requested";
+  } else if (spec == "auto" || spec == "cuda" || absl::StartsWith(spec, "cuda:")) {
+    std::string why_none;
+    int count = QueryCudaDevices(&why_none);
+    if (spec == "auto") {
+      if (count > 0) {
+        device.reset(new Device(DeviceKind::kCuda, 0));
+        device->selection_reason_ = absl::StrCat("auto: ", count, " CUDA device(s), using cuda:0");
+      } else {
+        device.reset(new Device(DeviceKind::kHost, 0));
+        device->selection_reason_ = absl::StrCat("auto: no CUDA device (", why_none, "), using host");
+      }
+    } else {
+      int index = 0;
+      if (spec.size() > 5 && !absl::SimpleAtoi(spec.substr(5), &index)) {
+        return absl::InvalidArgumentError(absl::StrCat("bad device '", spec, "'"));
+      }
+      if (count == 0) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("device '", spec, "' requested but no CUDA device is usable: ", why_none));
+      }
+      if (index < 0 || index >= count) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("device '", spec, "': only ", count, " CUDA device(s)"));
+      }
+      device.reset(new Device(DeviceKind::kCuda, index));
+      device->selection_reason_ = absl::StrCat(spec, " requested");
+    }
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown device '", spec, "' (expected auto, host, cuda or cuda:N)"));
+  }
+
+  if (device->kind_ == DeviceKind::kHost) {
+    device->name_ = absl::StrCat("host (", HostThreads(), " threads)");
+  } else {
+#if MLAG_HAVE_CUDA
+    cudaDeviceProp prop;
+    MLAG_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device->index_));
+    device->name_ = absl::StrCat("cuda:", device->index_, " (", prop.name, ")");
+#endif
+  }
+  return device;
+}
+
+absl::Status Device::MakeCurrent() const {
+#if MLAG_HAVE_CUDA
+  if (kind_ == DeviceKind::kCuda) MLAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(index_));
+#endif
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Buffer> Device::Allocate(size_t bytes) {
+  if (active_captures_.load() > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "allocation of ", bytes, " bytes on ", name_,
+        " during graph capture: graphs may only use memory that exists before capture"));
+  }
+  Buffer buf;
+  buf.kind_ = kind_;
+  if (bytes == 0) return buf;
+  if (kind_ == DeviceKind::kHost) {
+    void* p = std::aligned_alloc(kHostAlignment, AlignUp(bytes, kHostAlignment));
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("host allocation of ", bytes, " bytes failed"));
+    }
+    buf.data_ = p;
+  } else {
+#if MLAG_HAVE_CUDA
+    MLAG_RETURN_IF_ERROR(MakeCurrent());
+    void* p = nullptr;
+    MLAG_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));
+    buf.data_ = p;
+    buf.cuda_index_ = index_;
+#else
+    return absl::FailedPreconditionError("CUDA allocation in a build without CUDA");
+#endif
+  }
+  buf.bytes_ = bytes;
+  return buf;
+}
+
+absl::Status Device::CopyToHost(void* host_dst, const void* device_src, size_t bytes) const {
+  if (bytes == 0) return absl::OkStatus();
+  if (kind_ == DeviceKind::kHost) {
+    std::memcpy(host_dst, device_src, bytes);
+    return absl::OkStatus();
+  }
+#if MLAG_HAVE_CUDA
+  MLAG_CUDA_RETURN_IF_ERROR(cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost));
+  return absl::OkStatus();
+#else
+  return absl::FailedPreconditionError("CUDA copy in a build without CUDA");
+#endif
+}
+
+absl::Status Device::CopyFromHost(void* device_dst, const void* host_src, size_t bytes) const {
+  if (bytes == 0) return absl::OkStatus();
+  if (kind_ == DeviceKind::kHost) {
+    std::memcpy(device_dst, host_src, bytes);
+    return absl::OkStatus();
+  }
+#if MLAG_HAVE_CUDA
+  MLAG_CUDA_RETURN_IF_ERROR(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice));
+  return absl::OkStatus();
+#else
+  return absl::FailedPreconditionError("CUDA copy in a build without CUDA");
+#endif
+}
+
+// ---- Workspace ------------------------------------------------------------------
+
+absl::StatusOr<Tensor> Workspace::Allocate(DType dtype, absl::Span<const int64_t> shape) {
+  Tensor probe(nullptr, dtype, shape, buffer_.device());
+  size_t bytes = AlignUp(probe.nbytes(), kHostAlignment);
+  if (used_ + bytes > buffer_.bytes()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "workspace full: need ", bytes, " more bytes for ", probe.ShapeString(), ", ", used_,
+        " of ", buffer_.bytes(), " in use"));
+  }
+  Tensor t(static_cast<char*>(buffer_.data()) + used_, dtype, shape, buffer_.device());
+  used_ += bytes;
+  if (used_ > high_water_) high_water_ = used_;
+  return t;
+}
+
+}  // namespace mlag

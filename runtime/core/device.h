@@ -1,0 +1,123 @@
+// Devices, owning buffers and the activation workspace.
+//
+// A Device is where tensors live and kernels run: the host (CPU) or one CUDA
+// GPU. Device::Create("auto") picks CUDA when cudaGetDeviceCount finds a device
+// and the host otherwise; having no GPU is never an error for "auto", and
+// selection_reason() says what was picked and why.
+//
+// Allocation is refused while any stream of the device is capturing a graph,
+// as CUDA refuses cudaMalloc in a global-mode capture: a graph may only touch
+// memory that existed when it was captured.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "absl/status/statusor.h"
+#include "runtime/core/tensor.h"
+
+namespace mlag {
+
+class Device;
+
+// Owns one allocation of a Device. Move-only; frees on destruction.
+class Buffer {
+ public:
+  Buffer() = default;
+  ~Buffer();
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  DeviceKind device() const { return kind_; }
+  // A contiguous view of the start of the buffer. The view must fit.
+  Tensor AsTensor(DType dtype, absl::Span<const int64_t> shape) const;
+  Tensor AsTensor(DType dtype, std::initializer_list<int64_t> shape) const {
+    return AsTensor(dtype, absl::Span<const int64_t>(shape.begin(), shape.size()));
+  }
+
+ private:
+  friend class Device;
+  void Release();
+
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  DeviceKind kind_ = DeviceKind::kHost;
+  int cuda_index_ = -1;
+};
+
+class Device {
+ public:
+  // `spec` is "auto", "host", "cuda" or "cuda:N".
+  static absl::StatusOr<std::unique_ptr<Device>> Create(absl::string_view spec);
+
+  // The number of CUDA devices; 0 when CUDA is not built in, when there is no
+  // driver, or when cudaGetDeviceCount fails for any other reason.
+  static int CudaDeviceCount();
+
+  DeviceKind kind() const { return kind_; }
+  int index() const { return index_; }
+  bool is_cuda() const { return kind_ == DeviceKind::kCuda; }
+  // "host (2 threads)" or "cuda:0 (NVIDIA H200)".
+  const std::string& name() const { return name_; }
+  // Why this device was chosen, e.g. "auto: no CUDA device (...), using host".
+  const std::string& selection_reason() const { return selection_reason_; }
+
+  // Allocates `bytes` (64-byte aligned on the host). Zero bytes gives an empty
+  // buffer. Fails with FailedPrecondition during a graph capture on this device.
+  absl::StatusOr<Buffer> Allocate(size_t bytes);
+
+  // Synchronous copies between host memory and this device's memory.
+  absl::Status CopyToHost(void* host_dst, const void* device_src, size_t bytes) const;
+  absl::Status CopyFromHost(void* device_dst, const void* host_src, size_t bytes) const;
+  // Makes this device current for the calling thread (CUDA); no-op on host.
+  absl::Status MakeCurrent() const;
+
+  // Captures in flight on streams of this device (maintained by Stream).
+  void AddCapture(int delta) { active_captures_ += delta; }
+  int active_captures() const { return active_captures_.load(); }
+
+ private:
+  Device(DeviceKind kind, int index) : kind_(kind), index_(index) {}
+
+  DeviceKind kind_;
+  int index_;
+  std::string name_;
+  std::string selection_reason_;
+  std::atomic<int> active_captures_{0};
+};
+
+// A bump allocator over one Buffer, for activations. Every forward resets it
+// and allocates in the same order, so a graph captured once sees the same
+// addresses at every replay. Allocating from a workspace during capture is
+// allowed: it hands out memory that already exists.
+class Workspace {
+ public:
+  Workspace() = default;
+  explicit Workspace(Buffer buffer) : buffer_(std::move(buffer)) {}
+
+  // A fresh tensor of `shape`, 64-byte aligned. ResourceExhausted when full.
+  absl::StatusOr<Tensor> Allocate(DType dtype, absl::Span<const int64_t> shape);
+  absl::StatusOr<Tensor> Allocate(DType dtype, std::initializer_list<int64_t> shape) {
+    return Allocate(dtype, absl::Span<const int64_t>(shape.begin(), shape.size()));
+  }
+  void Reset() { used_ = 0; }
+  size_t used() const { return used_; }
+  size_t capacity() const { return buffer_.bytes(); }
+  // The most bytes ever in use at once: used to size a workspace after a
+  // trial run.
+  size_t high_water() const { return high_water_; }
+
+ private:
+  Buffer buffer_;
+  size_t used_ = 0;
+  size_t high_water_ = 0;
+};
+
+}  // namespace mlag

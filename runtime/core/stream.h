@@ -1,0 +1,135 @@
+// Streams launch named ops; a capture turns a sequence of launches into a
+// replayable Graph whose nodes keep the ops' names and kinds.
+//
+// Every op is launched with a name and an OpKind. On the host an eager launch
+// runs the op at once; during a capture the op is recorded as a closure bound
+// to the tensor addresses it was launched with, and Graph::Replay runs the
+// recorded closures in order. On CUDA the op enqueues its kernels on the stream;
+// during a capture (thread-local mode) they land in a cudaGraph_t, and the nodes
+// each op added are tagged with its name.
+//
+// Discipline (the same on both backends): a graph reads its inputs only through
+// the buffers it was captured with. To feed new data, write into those buffers
+// and replay. No allocation is allowed during a capture.
+//
+// Naming: a launch is named by the innermost NodeScope on the stream when there
+// is one (e.g. "layers.3.attn.kv_update"), else by the kernel's own name. All
+// launches inside one NodeScope form one graph node.
+//
+// Example:
+//   MLAG_RETURN_IF_ERROR(stream.BeginCapture());
+//   { NodeScope s(stream, "layers.0.attn.kv_update", OpKind::kKernel);
+//     MLAG_RETURN_IF_ERROR(MlaKvUpdate(stream, ...)); }
+//   MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, stream.EndCapture());
+//   for (const GraphNode& n : g->nodes()) ...;
+//   MLAG_RETURN_IF_ERROR(g->Replay(stream));
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "runtime/core/device.h"
+
+namespace mlag {
+
+enum class OpKind : uint8_t { kKernel, kGemm, kComm, kCopy };
+
+// "kernel", "gemm", "comm", "copy".
+absl::string_view OpKindName(OpKind kind);
+
+struct GraphNode {
+  std::string name;
+  OpKind kind;
+};
+
+class Stream;
+
+// A captured sequence of ops, replayable on the stream it was captured on (or
+// another stream of the same device).
+class Graph {
+ public:
+  virtual ~Graph() = default;
+  // The named ops of the capture, in launch order.
+  virtual const std::vector<GraphNode>& nodes() const = 0;
+  // Runs the graph once on `stream` (asynchronously on CUDA).
+  virtual absl::Status Replay(Stream& stream) = 0;
+};
+
+// The body of a host op. It runs at launch (eager) or at every replay, so it
+// must not allocate device memory and must only touch memory bound at launch.
+using HostOp = std::function<absl::Status()>;
+
+class Stream {
+ public:
+  // A new stream on `device`, which must outlive it.
+  static absl::StatusOr<std::unique_ptr<Stream>> Create(Device* device);
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  Device& device() const { return *device_; }
+  bool is_cuda() const { return device_->is_cuda(); }
+  // The cudaStream_t (as void*), or nullptr on the host.
+  void* native() const { return native_; }
+
+  // Host device: runs `op` now, or records it when capturing.
+  absl::Status LaunchHost(absl::string_view default_name, OpKind kind, HostOp op);
+
+  // CUDA device: `enqueue` enqueues the op's work on native() and returns
+  // a cudaError_t as int. When capturing, the graph nodes it adds are tagged.
+  absl::Status LaunchCuda(absl::string_view default_name, OpKind kind,
+                          absl::FunctionRef<int(void* cuda_stream)> enqueue);
+
+  absl::Status BeginCapture();
+  absl::StatusOr<std::unique_ptr<Graph>> EndCapture();
+  bool capturing() const { return capturing_; }
+
+  // Waits for all work on the stream (no-op on the host, which is synchronous).
+  absl::Status Synchronize();
+
+  // Number of ops launched eagerly plus ops recorded, since creation.
+  uint64_t launches() const { return launches_; }
+
+ private:
+  friend class NodeScope;
+  struct Scope {
+    std::string name;
+    OpKind kind;
+    uint64_t id;
+  };
+  struct CaptureState;
+
+  explicit Stream(Device* device);
+  // The name, kind and scope id a launch gets (scope id 0 = no scope).
+  void ResolveName(absl::string_view default_name, OpKind kind, std::string* name,
+                   OpKind* resolved_kind, uint64_t* scope_id) const;
+
+  Device* device_;
+  void* native_ = nullptr;
+  bool capturing_ = false;
+  uint64_t launches_ = 0;
+  uint64_t next_scope_id_ = 1;
+  std::vector<Scope> scopes_;
+  std::unique_ptr<CaptureState> capture_;
+};
+
+// Names every launch on `stream` while alive; launches within one scope form
+// one graph node. Scopes nest; the innermost wins.
+class NodeScope {
+ public:
+  NodeScope(Stream& stream, std::string name, OpKind kind);
+  ~NodeScope();
+  NodeScope(const NodeScope&) = delete;
+  NodeScope& operator=(const NodeScope&) = delete;
+
+ private:
+  Stream& stream_;
+};
+
+}  // namespace mlag

@@ -1,0 +1,104 @@
+#include "runtime/core/tensor.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "runtime/core/device.h"
+
+namespace mlag {
+namespace {
+
+TEST(TensorTest, ContiguousStrides) {
+  std::vector<float> mem(2 * 3 * 4);
+  Tensor t(mem.data(), DType::kF32, {2, 3, 4});
+  EXPECT_EQ(t.ndim(), 3);
+  EXPECT_EQ(t.numel(), 24);
+  EXPECT_EQ(t.stride(0), 12);
+  EXPECT_EQ(t.stride(1), 4);
+  EXPECT_EQ(t.stride(-1), 1);
+  EXPECT_EQ(t.size(-1), 4);
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_EQ(t.nbytes(), 96u);
+  EXPECT_EQ(t.ShapeString(), "[2, 3, 4] f32");
+}
+
+TEST(TensorTest, SliceAndSelectAddressTheRightElements) {
+  std::vector<float> mem(4 * 8);
+  for (size_t i = 0; i < mem.size(); ++i) mem[i] = static_cast<float>(i);
+  Tensor x(mem.data(), DType::kF32, {4, 8});
+
+  Tensor cols = x.Slice(1, 2, 6);
+  EXPECT_EQ(cols.size(0), 4);
+  EXPECT_EQ(cols.size(1), 4);
+  EXPECT_EQ(cols.stride(0), 8);
+  EXPECT_FALSE(cols.is_contiguous());
+  EXPECT_EQ(*static_cast<float*>(cols.ElementPtr({3, 1})), 3 * 8 + 2 + 1);
+
+  Tensor row2 = x.Select(0, 2);
+  EXPECT_EQ(row2.ndim(), 1);
+  EXPECT_EQ(row2.size(0), 8);
+  EXPECT_EQ(row2.data_as<float>()[5], 2 * 8 + 5);
+
+  Tensor col5 = x.Select(1, 5);
+  EXPECT_EQ(col5.ndim(), 1);
+  EXPECT_EQ(col5.stride(0), 8);
+  EXPECT_EQ(*static_cast<float*>(col5.ElementPtr({3})), 3 * 8 + 5);
+
+  Tensor rows = x.Slice(0, 1, 3);
+  EXPECT_TRUE(rows.is_contiguous());
+  EXPECT_EQ(rows.data_as<float>()[0], 8);
+}
+
+TEST(TensorTest, StridedViewAndReshape) {
+  std::vector<uint16_t> mem(64);
+  Tensor s = Tensor::Strided(mem.data(), DType::kBF16, {3, 5}, {16, 1});
+  EXPECT_EQ(s.stride(0), 16);
+  EXPECT_FALSE(s.is_contiguous());
+  EXPECT_FALSE(s.Reshape({15}).ok());
+
+  Tensor c(mem.data(), DType::kBF16, {4, 16});
+  auto r = c.Reshape({2, 2, 16});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->stride(0), 32);
+  EXPECT_FALSE(c.Reshape({5, 13}).ok());
+}
+
+TEST(DeviceTest, AutoNeverFailsAndSaysWhy) {
+  auto device = Device::Create("auto");
+  ASSERT_TRUE(device.ok()) << device.status();
+  EXPECT_FALSE((*device)->selection_reason().empty());
+  if (Device::CudaDeviceCount() == 0) {
+    EXPECT_EQ((*device)->kind(), DeviceKind::kHost);
+    EXPECT_NE((*device)->selection_reason().find("host"), std::string::npos);
+  }
+}
+
+TEST(DeviceTest, BadSpecAndMissingCudaAreErrors) {
+  EXPECT_EQ(Device::Create("tpu").status().code(), absl::StatusCode::kInvalidArgument);
+  if (Device::CudaDeviceCount() == 0) {
+    auto cuda = Device::Create("cuda");
+    EXPECT_FALSE(cuda.ok());
+    EXPECT_NE(cuda.status().message().find("cuda"), std::string::npos);
+  }
+}
+
+TEST(DeviceTest, HostAllocationIsAlignedAndWorkspaceBumps) {
+  auto device = Device::Create("host").value();
+  Buffer b = device->Allocate(1000).value();
+  ASSERT_NE(b.data(), nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % 64, 0u);
+  EXPECT_EQ(b.bytes(), 1000u);
+
+  Workspace ws(device->Allocate(4096).value());
+  Tensor a = ws.Allocate(DType::kF32, {10}).value();
+  Tensor c = ws.Allocate(DType::kF32, {10}).value();
+  EXPECT_EQ(static_cast<char*>(c.data()) - static_cast<char*>(a.data()), 64);
+  EXPECT_EQ(ws.Allocate(DType::kF32, {2000}).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  ws.Reset();
+  EXPECT_EQ(ws.Allocate(DType::kF32, {10}).value().data(), a.data());
+  EXPECT_EQ(ws.high_water(), 128u);
+}
+
+}  // namespace
+}  // namespace mlag
