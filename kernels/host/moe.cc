@@ -1,0 +1,223 @@
+#include "kernels/host/moe.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kernels/common/routing_math.h"
+#include "kernels/host/blas.h"
+#include "kernels/host/parallel.h"
+
+namespace mlag::host {
+namespace {
+
+constexpr int64_t kRouteChunk = 16;  // tokens per parallel routing work item
+// Experts with at most this many rows use matrix-vector products.
+constexpr int64_t kSmallRowsGemv = 4;
+
+// row[i] = silu(row[i]) * row[I + i] for i < I: the gate half becomes the
+// activation, in place.
+void SiluMulInPlace(float* row, int64_t I) {
+  for (int64_t i = 0; i < I; ++i) {
+    const float g = row[i];
+    row[i] = g / (1.0f + std::exp(-g)) * row[I + i];
+  }
+}
+
+// Routes one token: logits row `l` [E] -> ids / weights [K]. `s`, `sel` [E],
+// `group_score` [G], `group_sel_score` [topk_group], `group_ids`
+// [topk_group] and `top_scores` [K] are scratch.
+void RouteToken(const RoutingParams& p, const float* l, const float* bias, int32_t* ids,
+                float* weights, float* s, float* sel, float* group_score,
+                float* group_sel_score, int* group_ids, float* top_scores) {
+  const int E = p.num_experts;
+  const int K = p.top_k;
+  if (p.scoring == ScoringFunc::kSoftmax) {
+    float m = l[0];
+    for (int e = 1; e < E; ++e) m = std::max(m, l[e]);
+    float sum = 0.0f;
+    for (int e = 0; e < E; ++e) {
+      s[e] = std::exp(l[e] - m);
+      sum += s[e];
+    }
+    for (int e = 0; e < E; ++e) s[e] /= sum;
+  } else {
+    for (int e = 0; e < E; ++e) s[e] = RoutingSigmoid(l[e]);
+  }
+  // Selection scores: the bias only steers selection (noaux_tc), the weights
+  // come from s.
+  for (int e = 0; e < E; ++e) sel[e] = bias != nullptr ? s[e] + bias[e] : s[e];
+
+  if (p.method != TopkMethod::kGreedy) {
+    const int G = p.n_group;
+    const int per_group = E / G;
+    for (int g = 0; g < G; ++g) {
+      const float* v = sel + static_cast<int64_t>(g) * per_group;
+      group_score[g] = p.method == TopkMethod::kNoauxTc ? GroupScoreTop2Sum(v, per_group)
+                                                        : GroupScoreMax(v, per_group);
+    }
+    TopKSelect(group_score, G, p.topk_group, group_sel_score, group_ids);
+    // Mask the groups not kept with -inf (not 0: biased scores may be
+    // negative, and a 0 would then outrank a kept expert).
+    for (int g = 0; g < G; ++g) {
+      bool kept = false;
+      for (int j = 0; j < p.topk_group; ++j) kept = kept || group_ids[j] == g;
+      if (kept) continue;
+      float* v = sel + static_cast<int64_t>(g) * per_group;
+      for (int i = 0; i < per_group; ++i) v[i] = -std::numeric_limits<float>::infinity();
+    }
+  }
+
+  TopKSelect(sel, E, K, top_scores, ids);  // int32_t is int on every target
+
+  for (int k = 0; k < K; ++k) weights[k] = s[ids[k]];
+  const bool sigmoid = p.scoring == ScoringFunc::kSigmoid;
+  if (p.norm_topk_prob) {
+    float sum = 0.0f;
+    for (int k = 0; k < K; ++k) sum += weights[k];
+    if (sigmoid) sum += 1e-20f;
+    for (int k = 0; k < K; ++k) weights[k] /= sum;
+  }
+  if (!p.norm_topk_prob || sigmoid) {
+    for (int k = 0; k < K; ++k) weights[k] *= p.routed_scaling_factor;
+  }
+}
+
+}  // namespace
+
+void MoeRoute(const RoutingParams& params, const Tensor& logits, const Tensor& correction_bias,
+              const Tensor& topk_ids, const Tensor& topk_weights) {
+  const int64_t T = logits.size(0);
+  const int E = params.num_experts;
+  const int K = params.top_k;
+  const int64_t ld = logits.stride(0);
+  const float* bias =
+      params.method == TopkMethod::kNoauxTc ? correction_bias.data_as<const float>() : nullptr;
+  const float* l = logits.data_as<const float>();
+  int32_t* ids = topk_ids.data_as<int32_t>();
+  float* w = topk_weights.data_as<float>();
+  const int64_t chunks = (T + kRouteChunk - 1) / kRouteChunk;
+  ParallelFor(chunks, [&](int64_t c) {
+    std::vector<float> s(E), sel(E), group_score(params.n_group),
+        group_sel_score(params.topk_group), top_scores(K);
+    std::vector<int> group_ids(params.topk_group);
+    const int64_t end = std::min(T, (c + 1) * kRouteChunk);
+    for (int64_t t = c * kRouteChunk; t < end; ++t) {
+      RouteToken(params, l + t * ld, bias, ids + t * K, w + t * K, s.data(), sel.data(),
+                 group_score.data(), group_sel_score.data(), group_ids.data(),
+                 top_scores.data());
+    }
+  });
+}
+
+void MoeExperts(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
+                const Tensor& expert_map, const Tensor& w_gate_up, const Tensor& w_down,
+                const Tensor& out) {
+  const int64_t T = x.size(0);
+  const int64_t D = x.size(1);
+  const int64_t ldx = x.stride(0);
+  const int64_t K = topk_ids.size(1);
+  const int64_t E = expert_map.size(0);
+  const int64_t L = w_gate_up.size(0);
+  const int64_t I = w_gate_up.size(1) / 2;
+  const int32_t* ids = topk_ids.data_as<const int32_t>();
+  const float* tw = topk_weights.data_as<const float>();
+  const int32_t* map = expert_map.data_as<const int32_t>();
+  const float* xp = x.data_as<const float>();
+  const float* wgu = w_gate_up.data_as<const float>();
+  const float* wd = w_down.data_as<const float>();
+  float* o = out.data_as<float>();
+
+  UseSerialBlas();
+  // Group the (token, k) pairs by local slot, in ascending (token, k) order
+  // within a slot: row_of[t*K+k] is the pair's row in the per-slot blocks of
+  // the scratch matrices, or -1 when the expert is not held here.
+  const int64_t pairs = T * K;
+  std::vector<int64_t> row_of(static_cast<size_t>(pairs), -1);
+  std::vector<int64_t> offset(static_cast<size_t>(L) + 1, 0);
+  for (int64_t i = 0; i < pairs; ++i) {
+    const int32_t e = ids[i];
+    if (e < 0 || e >= E) continue;
+    const int32_t slot = map[e];
+    if (slot < 0 || slot >= L) continue;
+    row_of[i] = slot;  // the slot for now; replaced by the row below
+    ++offset[slot + 1];
+  }
+  for (int64_t s = 0; s < L; ++s) offset[s + 1] += offset[s];
+  const int64_t N = offset[L];
+  std::vector<int64_t> cursor(offset.begin(), offset.end() - 1);
+  std::vector<int64_t> token_of_row(static_cast<size_t>(N));
+  for (int64_t i = 0; i < pairs; ++i) {
+    if (row_of[i] < 0) continue;
+    const int64_t row = cursor[row_of[i]]++;
+    token_of_row[row] = i / K;
+    row_of[i] = row;
+  }
+  std::vector<int64_t> active;  // slots with at least one token
+  for (int64_t s = 0; s < L; ++s) {
+    if (offset[s + 1] > offset[s]) active.push_back(s);
+  }
+
+  // Per-row scratch: gathered inputs [N, D], gate|up [N, 2I] (the activation
+  // is written over the gate half) and expert outputs [N, D].
+  std::vector<float> xg(static_cast<size_t>(N * D));
+  std::vector<float> h(static_cast<size_t>(N * 2 * I));
+  std::vector<float> y(static_cast<size_t>(N * D), 0.0f);
+
+  ParallelForDynamic(static_cast<int64_t>(active.size()), [&](int64_t j) {
+    const int64_t s = active[j];
+    const int64_t r0 = offset[s];
+    const int64_t n = offset[s + 1] - r0;
+    float* xs = xg.data() + r0 * D;
+    float* hs = h.data() + r0 * 2 * I;
+    float* ys = y.data() + r0 * D;
+    for (int64_t r = 0; r < n; ++r) {
+      std::memcpy(xs + r * D, xp + token_of_row[r0 + r] * ldx, sizeof(float) * D);
+    }
+    if (I == 0 || D == 0) return;  // f_e == 0; y stays zero
+    const float* w_gu = wgu + s * 2 * I * D;
+    const float* w_dn = wd + s * D * I;
+    if (n <= kSmallRowsGemv) {
+      // A few rows: matrix-vector products stream the weights once each
+      // (sgemm would first pack the whole weight matrix).
+      for (int64_t r = 0; r < n; ++r) {
+        float* hr = hs + r * 2 * I;
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(2 * I), static_cast<int>(D),
+                    1.0f, w_gu, static_cast<int>(D), xs + r * D, 1, 0.0f, hr, 1);
+        SiluMulInPlace(hr, I);
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(D), static_cast<int>(I), 1.0f,
+                    w_dn, static_cast<int>(I), hr, 1, 0.0f, ys + r * D, 1);
+      }
+      return;
+    }
+    // [n, 2I] = X_s [n, D] * W_gu[s]^T, W_gu[s] being [2I, D] row-major.
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n),
+                static_cast<int>(2 * I), static_cast<int>(D), 1.0f, xs, static_cast<int>(D),
+                w_gu, static_cast<int>(D), 0.0f, hs, static_cast<int>(2 * I));
+    for (int64_t r = 0; r < n; ++r) SiluMulInPlace(hs + r * 2 * I, I);
+    // [n, D] = A [n, I] (lda 2I) * W_down[s]^T, W_down[s] being [D, I].
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n),
+                static_cast<int>(D), static_cast<int>(I), 1.0f, hs, static_cast<int>(2 * I),
+                w_dn, static_cast<int>(I), 0.0f, ys, static_cast<int>(D));
+  });
+
+  // Each token sums its contributions in k order, so the result does not
+  // depend on how experts were spread over threads.
+  ParallelFor(T, [&](int64_t t) {
+    float* orow = o + t * D;
+    std::fill(orow, orow + D, 0.0f);
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t row = row_of[t * K + k];
+      if (row < 0) continue;
+      const float wk = tw[t * K + k];
+      const float* yr = y.data() + row * D;
+      for (int64_t d = 0; d < D; ++d) orow[d] += wk * yr[d];
+    }
+  });
+}
+
+}  // namespace mlag::host

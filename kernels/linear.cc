@@ -1,0 +1,137 @@
+#include "kernels/linear.h"
+
+#include <array>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/check.h"
+#include "kernels/host/linear.h"
+#include "runtime/core/status.h"
+
+namespace mlag {
+namespace {
+
+// Host weights are f32: checkpoints in bf16/f16 are converted once at load,
+// so a per-call conversion is a bug upstream, not something to absorb here.
+absl::Status CheckWeightF32(const Tensor& weight) {
+  if (weight.dtype() == DType::kF32) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "weight: dtype ", DTypeName(weight.dtype()),
+      ", expected f32 (weights are converted to f32 at load, never per call)"));
+}
+
+// BLAS takes sizes and leading dimensions as int.
+absl::Status CheckBlasInt(int64_t v, absl::string_view arg, absl::string_view what) {
+  if (v >= 0 && v <= std::numeric_limits<int>::max()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(arg, ": ", what, " ", v, " is outside BLAS's int range"));
+}
+
+// With more than one row, the row stride is a BLAS leading dimension: it must
+// be at least the row length (rows may be padded, never overlapping).
+absl::Status CheckLeadingDim(const Tensor& t, absl::string_view arg, int64_t row_len) {
+  if (t.size(0) <= 1) return absl::OkStatus();
+  if (t.stride(0) < row_len) {
+    return absl::InvalidArgumentError(absl::StrCat(arg, ": row stride ", t.stride(0),
+                                                   " is less than the row length ", row_len));
+  }
+  return CheckBlasInt(t.stride(0), arg, "row stride");
+}
+
+// No two elements of the (unit-stride last dim) view `t` share an address:
+// with the dimensions of size > 1 sorted by stride, each stride reaches past
+// everything the smaller ones span. Outputs written by several heads in
+// parallel need this.
+absl::Status CheckNoSelfOverlap(const Tensor& t, absl::string_view arg) {
+  std::array<std::pair<int64_t, int64_t>, kMaxDims> dims{};  // (stride, size)
+  int n = 0;
+  for (int d = 0; d < t.ndim(); ++d) {
+    if (t.size(d) > 1) dims[n++] = {t.stride(d), t.size(d)};
+  }
+  // Insertion sort: at most kMaxDims entries (std::sort here trips a bogus
+  // -Warray-bounds in GCC 12).
+  for (int i = 1; i < n; ++i) {
+    for (int j = i; j > 0 && dims[j] < dims[j - 1]; --j) std::swap(dims[j], dims[j - 1]);
+  }
+  int64_t span = 1;  // elements covered by the dimensions seen so far
+  for (int i = 0; i < n; ++i) {
+    if (dims[i].first < span) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(arg, ": strides [", absl::StrJoin(t.strides(), ", "), "] for shape ",
+                       t.ShapeString(), " make elements overlap"));
+    }
+    span = dims[i].first * (dims[i].second - 1) + span;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Linear(Stream& stream, const Tensor& x, const Tensor& weight, const Tensor& y) {
+  MLAG_RETURN_IF_ERROR(CheckOnStream(stream, x, "x"));
+  MLAG_RETURN_IF_ERROR(CheckOnStream(stream, weight, "weight"));
+  MLAG_RETURN_IF_ERROR(CheckOnStream(stream, y, "y"));
+  MLAG_RETURN_IF_ERROR(CheckDType(x, "x", {DType::kF32}));
+  MLAG_RETURN_IF_ERROR(CheckWeightF32(weight));
+  MLAG_RETURN_IF_ERROR(CheckDType(y, "y", {DType::kF32}));
+  MLAG_RETURN_IF_ERROR(CheckShape(x, "x", {-1, -1}));
+  MLAG_RETURN_IF_ERROR(CheckShape(weight, "weight", {-1, x.size(1)}));
+  MLAG_RETURN_IF_ERROR(CheckShape(y, "y", {x.size(0), weight.size(0)}));
+  MLAG_RETURN_IF_ERROR(CheckContiguous(weight, "weight"));
+  MLAG_RETURN_IF_ERROR(CheckRowMajor(x, "x"));
+  MLAG_RETURN_IF_ERROR(CheckRowMajor(y, "y"));
+  MLAG_RETURN_IF_ERROR(CheckLeadingDim(x, "x", x.size(1)));
+  MLAG_RETURN_IF_ERROR(CheckLeadingDim(y, "y", y.size(1)));
+  MLAG_RETURN_IF_ERROR(CheckBlasInt(x.size(0), "x", "rows"));
+  MLAG_RETURN_IF_ERROR(CheckBlasInt(x.size(1), "x", "row length"));
+  MLAG_RETURN_IF_ERROR(CheckBlasInt(weight.size(0), "weight", "rows"));
+  if (y.data() == x.data() && y.numel() > 0) {
+    return absl::InvalidArgumentError("y: must not alias x (BLAS cannot work in place)");
+  }
+  if (stream.is_cuda()) return absl::UnimplementedError("linear: no CUDA kernel yet");
+  return stream.LaunchHost("linear", OpKind::kGemm, [x, weight, y] {
+    host::Linear(x, weight, y);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status HeadMatmul(Stream& stream, const Tensor& x, const Tensor& weight, bool transpose_w,
+                        const Tensor& out) {
+  MLAG_RETURN_IF_ERROR(CheckOnStream(stream, x, "x"));
+  MLAG_RETURN_IF_ERROR(CheckOnStream(stream, weight, "weight"));
+  MLAG_RETURN_IF_ERROR(CheckOnStream(stream, out, "out"));
+  MLAG_RETURN_IF_ERROR(CheckDType(x, "x", {DType::kF32}));
+  MLAG_RETURN_IF_ERROR(CheckWeightF32(weight));
+  MLAG_RETURN_IF_ERROR(CheckDType(out, "out", {DType::kF32}));
+  MLAG_RETURN_IF_ERROR(CheckShape(x, "x", {-1, -1, -1}));
+  const int64_t heads = x.size(1);
+  const int64_t k = x.size(2);
+  if (transpose_w) {
+    MLAG_RETURN_IF_ERROR(CheckShape(weight, "weight", {heads, -1, k}));
+  } else {
+    MLAG_RETURN_IF_ERROR(CheckShape(weight, "weight", {heads, k, -1}));
+  }
+  const int64_t n = transpose_w ? weight.size(1) : weight.size(2);
+  MLAG_RETURN_IF_ERROR(CheckShape(out, "out", {x.size(0), heads, n}));
+  MLAG_RETURN_IF_ERROR(CheckContiguous(weight, "weight"));
+  MLAG_RETURN_IF_ERROR(CheckRowMajor(x, "x"));
+  MLAG_RETURN_IF_ERROR(CheckRowMajor(out, "out"));
+  MLAG_RETURN_IF_ERROR(CheckLeadingDim(x, "x", k));
+  MLAG_RETURN_IF_ERROR(CheckLeadingDim(out, "out", n));
+  MLAG_RETURN_IF_ERROR(CheckNoSelfOverlap(out, "out"));
+  MLAG_RETURN_IF_ERROR(CheckBlasInt(x.size(0), "x", "rows"));
+  MLAG_RETURN_IF_ERROR(CheckBlasInt(k, "x", "head dimension"));
+  MLAG_RETURN_IF_ERROR(CheckBlasInt(n, "out", "head dimension"));
+  if (out.data() == x.data() && out.numel() > 0) {
+    return absl::InvalidArgumentError("out: must not alias x (BLAS cannot work in place)");
+  }
+  if (stream.is_cuda()) return absl::UnimplementedError("head_matmul: no CUDA kernel yet");
+  return stream.LaunchHost("head_matmul", OpKind::kGemm, [x, weight, transpose_w, out] {
+    host::HeadMatmul(x, weight, transpose_w, out);
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace mlag

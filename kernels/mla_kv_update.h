@@ -1,0 +1,26 @@
+// The MLA KV-cache write: the `kv_update` graph node of every MLA layer.
+//
+// Contract (the same as vLLM's concat_and_cache_mla):
+//   kv_c:  f32/bf16 [T', Rkv]  normalised latent, last dim unit-stride, own row stride
+//   k_pe:  f32/bf16 [T', dr]   rotated rope key, last dim unit-stride, own row stride
+//   slot_mapping: i64 [T], T <= T' — the token count comes from slot_mapping,
+//     so inputs may be longer (graph padding) and only their first T rows are read
+//   cache: f32/bf16 [num_blocks, block_size, Rkv + dr], contiguous
+// For t < T: slot = slot_mapping[t]; slot < 0 means "no write" (dummy runs,
+// padding rows); otherwise block = slot / block_size, offset = slot %
+// block_size, and cache[block, offset, 0:Rkv] = kv_c[t],
+// cache[block, offset, Rkv:] = k_pe[t], cast to the cache dtype. A slot at or
+// past num_blocks * block_size is skipped too (never written out of bounds).
+// Nothing else in the cache is touched.
+#pragma once
+
+#include "absl/status/status.h"
+#include "runtime/core/stream.h"
+#include "runtime/core/tensor.h"
+
+namespace mlag {
+
+absl::Status MlaKvUpdate(Stream& stream, const Tensor& kv_c, const Tensor& k_pe,
+                         const Tensor& slot_mapping, const Tensor& cache);
+
+}  // namespace mlag

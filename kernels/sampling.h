@@ -1,0 +1,27 @@
+// Token sampling: greedy, temperature, top-k and top-p, with a counter-based
+// RNG keyed by (request seed, step), so a request draws the same tokens
+// whatever else is in the batch and on any backend.
+#pragma once
+
+#include "absl/status/status.h"
+#include "runtime/core/stream.h"
+#include "runtime/core/tensor.h"
+
+namespace mlag {
+
+// For every row b:
+//   temperature[b] <= 0: greedy argmax of logits[b] (ties: lowest token id).
+//   else: p = softmax(logits[b] / temperature[b]); keep the top_k[b] most
+//     likely tokens (top_k <= 0 or >= V: all), then the smallest prefix of
+//     them, by descending probability, whose mass reaches top_p[b] (top_p >= 1:
+//     all; the most likely token is always kept); renormalise and draw with
+//     u = Uniform(seeds[b], steps[b]) in [0, 1).
+// Ordering among equal probabilities: lower token id first.
+//   logits: f32 [B, V] row-major; temperature f32 [B]; top_k i32 [B];
+//   top_p f32 [B]; seeds i64 [B]; steps i64 [B] (the request's output index);
+//   out_tokens: i32 [B].
+absl::Status Sample(Stream& stream, const Tensor& logits, const Tensor& temperature,
+                    const Tensor& top_k, const Tensor& top_p, const Tensor& seeds,
+                    const Tensor& steps, const Tensor& out_tokens);
+
+}  // namespace mlag

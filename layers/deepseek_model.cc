@@ -1,0 +1,148 @@
+#include "layers/deepseek_model.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/embedding.h"
+#include "kernels/linear.h"
+#include "kernels/rms_norm.h"
+#include "kernels/rope.h"
+#include "runtime/core/status.h"
+
+namespace mlag {
+
+DeepseekModel::DeepseekModel(const ModelConfig& config, Device* device,
+                             const ModelOptions& options)
+    : config_(config), device_(device), options_(options), arena_(device) {}
+
+absl::StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::Create(
+    const ModelConfig& config, Device* device, WeightSource& source, const ModelOptions& options) {
+  if (options.max_tokens < 1 || options.max_seqs < 1) {
+    return absl::InvalidArgumentError("max_tokens and max_seqs must be positive");
+  }
+  std::unique_ptr<DeepseekModel> model(new DeepseekModel(config, device, options));
+  MLAG_RETURN_IF_ERROR(model->Load(source));
+  return model;
+}
+
+absl::Status DeepseekModel::Load(WeightSource& source) {
+  const ModelConfig& c = config_;
+  const int64_t D = c.hidden_size, V = c.vocab_size;
+  MLAG_ASSIGN_OR_RETURN(embed_, arena_.Load(source, "model.embed_tokens.weight", {V, D}));
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    MLAG_ASSIGN_OR_RETURN(Tensor in, arena_.Load(source, p + "input_layernorm.weight", {D}));
+    MLAG_ASSIGN_OR_RETURN(Tensor post,
+                          arena_.Load(source, p + "post_attention_layernorm.weight", {D}));
+    input_norm_.push_back(in);
+    post_attn_norm_.push_back(post);
+    blocks_.push_back(std::make_unique<MlaBlock>(i, config_));
+    MLAG_RETURN_IF_ERROR(blocks_.back()->Load(arena_, source));
+    if (c.IsMoeLayer(i)) {
+      mlps_.push_back(nullptr);
+      moes_.push_back(std::make_unique<Moe>(i, config_, options_.local_experts));
+      MLAG_RETURN_IF_ERROR(moes_.back()->Load(arena_, source));
+    } else {
+      moes_.push_back(nullptr);
+      mlps_.push_back(std::make_unique<Mlp>(absl::StrCat("layers.", i, ".mlp"), p + "mlp.",
+                                            c.hidden_size, c.intermediate_size));
+      MLAG_RETURN_IF_ERROR(mlps_.back()->Load(arena_, source));
+    }
+  }
+  MLAG_ASSIGN_OR_RETURN(final_norm_, arena_.Load(source, "model.norm.weight", {D}));
+  if (c.tie_word_embeddings && !source.Has("lm_head.weight")) {
+    lm_head_ = embed_;
+  } else {
+    MLAG_ASSIGN_OR_RETURN(lm_head_, arena_.Load(source, "lm_head.weight", {V, D}));
+  }
+
+  // Rope table, built on the host and uploaded.
+  const int64_t P = c.max_position_embeddings, dr = c.qk_rope_head_dim;
+  std::vector<float> table(static_cast<size_t>(P * dr));
+  MLAG_RETURN_IF_ERROR(FillRopeTable(c.rope, Tensor(table.data(), DType::kF32, {P, dr})));
+  MLAG_ASSIGN_OR_RETURN(rope_table_, arena_.Allocate({P, dr}));
+  MLAG_RETURN_IF_ERROR(arena_.Upload(table, rope_table_));
+
+  // Activations for the largest batch, allocated once.
+  MLAG_ASSIGN_OR_RETURN(
+      Buffer ws, device_->Allocate(Activations::Bytes(c, options_.max_tokens, options_.max_seqs)));
+  workspace_ = Workspace(std::move(ws));
+  MLAG_ASSIGN_OR_RETURN(acts_, Activations::Allocate(c, options_.max_tokens, options_.max_seqs,
+                                                     workspace_));
+  return absl::OkStatus();
+}
+
+DeepseekModel::WeightBytes DeepseekModel::weight_breakdown() const {
+  WeightBytes w;
+  w.total = arena_.bytes();
+  w.embedding = embed_.nbytes();
+  w.rope_table = rope_table_.nbytes();
+  for (const auto& moe : moes_) {
+    if (!moe) continue;
+    ++w.routed_layers;
+    w.routed_expert = moe->expert_bytes();
+    w.local_experts = static_cast<int>(moe->local_experts().size());
+  }
+  return w;
+}
+
+void DeepseekModel::BindKvCache(int layer, const Tensor& cache) {
+  blocks_[layer]->attention().BindCache(cache);
+}
+
+absl::Status DeepseekModel::Forward(Stream& stream, const AttentionMetadata& meta) {
+  const ModelConfig& c = config_;
+  const int64_t T = meta.num_tokens, B = meta.num_seqs;
+  if (T < 1 || T > options_.max_tokens || B < 1 || B > options_.max_seqs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "forward over ", T, " tokens / ", B, " sequences; the model was built for at most ",
+        options_.max_tokens, " tokens / ", options_.max_seqs, " sequences"));
+  }
+  if (meta.decode_only && T != B) {
+    return absl::InvalidArgumentError("decode_only metadata needs one token per sequence");
+  }
+  const Tensor residual = Rows(acts_.residual, T);
+  const Tensor normed = Rows(acts_.normed, T);
+  const Tensor attn_out = Rows(acts_.attn_out, T);
+  const Tensor ffn_out = Rows(acts_.ffn_out, T);
+  {
+    NodeScope s(stream, "embed", OpKind::kKernel);
+    MLAG_RETURN_IF_ERROR(Embedding(stream, Rows(meta.input_ids, T), embed_, residual));
+  }
+  {
+    NodeScope s(stream, "layers.0.input_norm", OpKind::kKernel);
+    MLAG_RETURN_IF_ERROR(RmsNorm(stream, residual, input_norm_[0], c.rms_norm_eps, normed));
+  }
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    MLAG_RETURN_IF_ERROR(blocks_[i]->Forward(stream, meta, rope_table_, acts_, normed, attn_out));
+    {
+      NodeScope s(stream, absl::StrCat("layers.", i, ".post_attn_norm"), OpKind::kKernel);
+      MLAG_RETURN_IF_ERROR(
+          AddRmsNorm(stream, attn_out, residual, post_attn_norm_[i], c.rms_norm_eps, normed));
+    }
+    if (moes_[i]) {
+      std::vector<int32_t>* record = nullptr;
+      if (routing_sink_ != nullptr) {
+        routing_sink_->resize(c.num_hidden_layers);
+        record = &(*routing_sink_)[i];
+      }
+      MLAG_RETURN_IF_ERROR(moes_[i]->Forward(stream, acts_, normed, ffn_out, record));
+    } else {
+      MLAG_RETURN_IF_ERROR(mlps_[i]->Forward(stream, normed, acts_.gate_up, acts_.act, ffn_out));
+    }
+    // The residual add of the FFN is fused with the next norm.
+    const bool last = i + 1 == c.num_hidden_layers;
+    NodeScope s(stream, last ? std::string("final_norm") : absl::StrCat("layers.", i + 1, ".input_norm"),
+                OpKind::kKernel);
+    MLAG_RETURN_IF_ERROR(AddRmsNorm(stream, ffn_out, residual,
+                                    last ? final_norm_ : input_norm_[i + 1], c.rms_norm_eps,
+                                    normed));
+  }
+  const Tensor last_hidden = Rows(acts_.last_hidden, B);
+  {
+    NodeScope s(stream, "gather_last", OpKind::kKernel);
+    MLAG_RETURN_IF_ERROR(GatherRows(stream, Rows(meta.logits_indices, B), normed, last_hidden));
+  }
+  NodeScope s(stream, "lm_head", OpKind::kGemm);
+  return Linear(stream, last_hidden, lm_head_, Rows(acts_.logits, B));
+}
+
+}  // namespace mlag

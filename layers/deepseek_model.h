@@ -1,0 +1,92 @@
+// The DeepSeek-V2/V3 model: embedding, decoder layers (MLA block plus a dense
+// MLP or MoE), final norm and lm_head (computed for the last token of each
+// sequence only). One Forward serves prefill, chunked prefill, decode and
+// dummy runs alike; what differs is the AttentionMetadata.
+//
+// Graph node names: embed, layers.<i>.input_norm, layers.<i>.attn.*,
+// layers.<i>.post_attn_norm, layers.<i>.mlp.* or layers.<i>.moe.*, final_norm,
+// gather_last, lm_head.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "layers/activations.h"
+#include "layers/attention_metadata.h"
+#include "layers/mla_block.h"
+#include "layers/mlp.h"
+#include "layers/model_config.h"
+#include "layers/moe.h"
+#include "layers/weight_arena.h"
+
+namespace mlag {
+
+struct ModelOptions {
+  int max_tokens = 256;  // most tokens in one forward (the per-step token budget)
+  int max_seqs = 64;     // most sequences in one forward
+  // Global ids of the routed experts held by this model instance (empty: all).
+  std::vector<int> local_experts;
+};
+
+class DeepseekModel {
+ public:
+  // Builds the model on `device` and loads every weight from `source`.
+  static absl::StatusOr<std::unique_ptr<DeepseekModel>> Create(const ModelConfig& config,
+                                                               Device* device,
+                                                               WeightSource& source,
+                                                               const ModelOptions& options);
+
+  // Points layer `layer` at its KV cache [num_blocks, block_size, Rkv + dr].
+  void BindKvCache(int layer, const Tensor& cache);
+
+  // Runs the model over `meta` on `stream`; afterwards logits(meta.num_seqs)
+  // holds one row of vocabulary logits per sequence.
+  absl::Status Forward(Stream& stream, const AttentionMetadata& meta);
+
+  // f32 [num_seqs, V]: the logits of the last Forward's sequences.
+  Tensor logits(int num_seqs) const { return Rows(acts_.logits, num_seqs); }
+
+  // While set, eager forwards copy each MoE layer's chosen expert ids into
+  // (*sink)[layer] (empty for dense layers). For benchmarks that count the
+  // expert weights a batch touches. nullptr stops recording.
+  void RecordRouting(std::vector<std::vector<int32_t>>* sink) { routing_sink_ = sink; }
+
+  // Bytes of parameters by what a decode step reads of them.
+  struct WeightBytes {
+    size_t total = 0;          // everything held
+    size_t embedding = 0;      // the embedding table (a step reads only its rows)
+    size_t rope_table = 0;     // the cos/sin table (a step reads only its rows)
+    size_t routed_expert = 0;  // one routed expert of one layer
+    int routed_layers = 0;     // MoE layers
+    int local_experts = 0;     // routed experts held per MoE layer
+  };
+  WeightBytes weight_breakdown() const;
+
+  const ModelConfig& config() const { return config_; }
+  const ModelOptions& options() const { return options_; }
+  int num_layers() const { return config_.num_hidden_layers; }
+  MlaAttention& attention(int layer) { return blocks_[layer]->attention(); }
+  Device& device() const { return *device_; }
+  size_t weight_bytes() const { return arena_.bytes(); }
+
+ private:
+  DeepseekModel(const ModelConfig& config, Device* device, const ModelOptions& options);
+  absl::Status Load(WeightSource& source);
+
+  ModelConfig config_;
+  Device* device_;
+  ModelOptions options_;
+  WeightArena arena_;
+  Workspace workspace_;
+  Activations acts_;
+  Tensor rope_table_;  // [max_position_embeddings, dr]
+  Tensor embed_, final_norm_, lm_head_;
+  std::vector<Tensor> input_norm_, post_attn_norm_;
+  std::vector<std::unique_ptr<MlaBlock>> blocks_;
+  std::vector<std::unique_ptr<Mlp>> mlps_;  // null for MoE layers
+  std::vector<std::unique_ptr<Moe>> moes_;  // null for dense layers
+  std::vector<std::vector<int32_t>>* routing_sink_ = nullptr;
+};
+
+}  // namespace mlag

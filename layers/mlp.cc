@@ -1,0 +1,45 @@
+#include "layers/mlp.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/activation.h"
+#include "kernels/linear.h"
+#include "layers/activations.h"
+#include "runtime/core/status.h"
+
+namespace mlag {
+
+Mlp::Mlp(std::string node_prefix, std::string weight_prefix, int hidden, int width)
+    : node_prefix_(std::move(node_prefix)),
+      weight_prefix_(std::move(weight_prefix)),
+      hidden_(hidden),
+      width_(width) {}
+
+absl::Status Mlp::Load(WeightArena& arena, WeightSource& source) {
+  const int64_t D = hidden_, W = width_;
+  MLAG_ASSIGN_OR_RETURN(w_gate_up_, arena.Allocate({2 * W, D}));
+  MLAG_RETURN_IF_ERROR(arena.LoadInto(source, weight_prefix_ + "gate_proj.weight", {W, D},
+                                      w_gate_up_.Slice(0, 0, W)));
+  MLAG_RETURN_IF_ERROR(arena.LoadInto(source, weight_prefix_ + "up_proj.weight", {W, D},
+                                      w_gate_up_.Slice(0, W, 2 * W)));
+  MLAG_ASSIGN_OR_RETURN(w_down_, arena.Load(source, weight_prefix_ + "down_proj.weight", {D, W}));
+  return absl::OkStatus();
+}
+
+absl::Status Mlp::Forward(Stream& stream, const Tensor& x, const Tensor& gate_up_scratch,
+                          const Tensor& act_scratch, const Tensor& out) const {
+  const int64_t T = x.size(0), W = width_;
+  const Tensor gate_up = ViewAs(gate_up_scratch, {T, 2 * W});
+  const Tensor act = ViewAs(act_scratch, {T, W});
+  {
+    NodeScope s(stream, absl::StrCat(node_prefix_, ".gate_up"), OpKind::kGemm);
+    MLAG_RETURN_IF_ERROR(Linear(stream, x, w_gate_up_, gate_up));
+  }
+  {
+    NodeScope s(stream, absl::StrCat(node_prefix_, ".act"), OpKind::kKernel);
+    MLAG_RETURN_IF_ERROR(SiluAndMul(stream, gate_up, act));
+  }
+  NodeScope s(stream, absl::StrCat(node_prefix_, ".down"), OpKind::kGemm);
+  return Linear(stream, act, w_down_, out);
+}
+
+}  // namespace mlag

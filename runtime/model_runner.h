@@ -1,0 +1,154 @@
+// The model runner: static input buffers, the per-batch-size graphs, padding,
+// dummy runs and the KV cache memory.
+//
+// Graphs (GraphMode::kFullDecode): one full-model graph per capture size,
+// captured largest first after an eager dummy warm-up, all sharing the
+// model's one activation workspace and the static input buffers below. A pure
+// decode batch of B sequences is padded to the smallest captured size P >= B
+// (padding rows: token 0, position 0, slot -1, seq_len 0, block table of null
+// blocks) and replays graph P; the padded rows write no KV and their outputs
+// are dropped. Batches with prefill tokens, and decode batches above the
+// largest size, run eagerly at their exact size. GraphMode::kNone captures
+// nothing and runs everything eagerly, with decode batches padded to the same
+// sizes, so that both modes do the same arithmetic (host sgemm and the MoE
+// grouping are not batch-invariant to the last bit).
+//
+// Dummy runs (DummyStep) use the same path with every row a padding row. They
+// are how warm-up and capture run, and how an idle expert-parallel rank or a
+// reconfiguration exercises the graphs, and they never touch a live KV page:
+// every slot is -1, so kv_update writes nothing, and seq_len 0 makes attention
+// produce zeros.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "layers/deepseek_model.h"
+#include "runtime/model_loader.h"
+#include "runtime/request.h"
+
+namespace mlag {
+
+enum class GraphMode { kNone, kFullDecode };
+
+// "none", "full-decode".
+absl::string_view GraphModeName(GraphMode mode);
+absl::StatusOr<GraphMode> ParseGraphMode(absl::string_view name);
+
+// [1, 2, 4] + multiples of 8 below 256 + multiples of 16 from 256 up to
+// min(2 * max_num_seqs, 512), clipped to max_num_batched_tokens.
+std::vector<int> DefaultCaptureSizes(int max_num_seqs, int max_num_batched_tokens);
+
+struct RunnerConfig {
+  int max_num_seqs = 64;
+  int max_num_batched_tokens = 512;
+  int max_model_len = 256;
+  int block_size = 64;
+  int num_blocks = 64;  // including the null block 0
+  GraphMode graph_mode = GraphMode::kFullDecode;
+  std::vector<int> capture_sizes;  // empty: DefaultCaptureSizes
+  std::vector<int> local_experts;  // empty: all routed experts
+};
+
+// One sequence of a step, as the runner sees it.
+struct StepSequence {
+  absl::Span<const int32_t> new_tokens;  // tokens to compute this step
+  int start_position = 0;                // position of new_tokens[0]
+  absl::Span<const int> block_table;     // the sequence's blocks (covers every position)
+  bool sample = false;                   // sample a token from the last position
+  SamplingParams sampling;
+  int64_t output_index = 0;              // RNG step: number of tokens generated so far
+};
+
+struct StepResult {
+  std::vector<int32_t> tokens;  // per sequence; -1 where sample was false
+  std::vector<std::vector<TokenLogprob>> logprobs;  // per sequence, when asked for
+  bool replayed = false;        // a captured graph ran
+  int padded_size = 0;          // rows the step ran with
+};
+
+struct RunnerStats {
+  std::map<int, int64_t> graph_replays;  // capture size -> replays
+  int64_t eager_steps = 0;
+  int64_t dummy_steps = 0;
+  double capture_seconds = 0.0;  // the last CaptureGraphs
+};
+
+class ModelRunner {
+ public:
+  // Builds the model and allocates the KV cache and static buffers. Does not
+  // capture: call CaptureGraphs.
+  static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(ModelSource& source, Device* device,
+                                                             const RunnerConfig& config);
+
+  // Drops every graph and captures one per capture size (kFullDecode), largest
+  // first, each after an eager dummy warm-up. No-op for kNone.
+  absl::Status CaptureGraphs();
+  void DropGraphs() { graphs_.clear(); }
+
+  // Runs one step over `seqs` (at most max_num_seqs, at most
+  // max_num_batched_tokens tokens in all).
+  absl::StatusOr<StepResult> Execute(absl::Span<const StepSequence> seqs);
+
+  // A run of `padded_size` dummy rows: a graph replay when that size was
+  // captured, an eager forward otherwise. Safe at any step boundary.
+  absl::Status DummyStep(int padded_size);
+
+  // Fills every KV cache block with seeded random values. For benchmarks,
+  // whose timing does not depend on what the cache holds.
+  absl::Status FillKvCache(uint64_t seed);
+
+  // Checksums of KV cache blocks over every layer: one per listed block.
+  absl::StatusOr<std::vector<uint64_t>> BlockChecksums(absl::Span<const int> blocks) const;
+  // One checksum over the listed blocks (all blocks when empty).
+  absl::StatusOr<uint64_t> KvChecksum(absl::Span<const int> blocks) const;
+
+  // f32 [rows, V]: the logits of the last step (rows as run, padding included).
+  Tensor last_logits() const { return model_->logits(last_rows_); }
+
+  const std::vector<int>& capture_sizes() const { return capture_sizes_; }
+  const Graph* graph(int size) const;
+  int num_graphs() const { return static_cast<int>(graphs_.size()); }
+  const RunnerStats& stats() const { return stats_; }
+  const RunnerConfig& config() const { return config_; }
+  DeepseekModel& model() { return *model_; }
+  Stream& stream() { return *stream_; }
+  Device& device() { return *device_; }
+  int max_blocks_per_seq() const { return max_blocks_per_seq_; }
+  size_t kv_bytes_per_token() const;
+
+ private:
+  ModelRunner(Device* device, const RunnerConfig& config) : device_(device), config_(config) {}
+  absl::Status Init(ModelSource& source);
+  // Metadata over the first `rows` rows of the static buffers.
+  AttentionMetadata Metadata(int num_tokens, int num_seqs, bool decode_only) const;
+  // Writes `rows` dummy rows into the static buffers.
+  absl::Status FillDummy(int rows);
+  // Forward + sampling on the static buffers (eager or recorded).
+  absl::Status RunOps(const AttentionMetadata& meta);
+  // Smallest captured size >= n, or 0.
+  int PaddedSize(int n) const;
+
+  Device* device_;
+  RunnerConfig config_;
+  std::unique_ptr<Stream> stream_;
+  std::unique_ptr<DeepseekModel> model_;
+  std::vector<int> capture_sizes_;  // ascending
+  int max_rows_ = 0;                // rows of the static buffers (tokens)
+  int max_seq_rows_ = 0;            // rows of the per-sequence buffers
+  int max_blocks_per_seq_ = 0;
+  std::vector<Buffer> buffers_;
+  std::vector<Tensor> kv_caches_;   // per layer [num_blocks, block_size, row]
+  // Static input buffers.
+  Tensor input_ids_, positions_, slot_mapping_;                       // [max_rows]
+  Tensor block_table_, seq_lens_, query_start_loc_, logits_indices_;  // per sequence
+  Tensor temperature_, top_k_, top_p_, seeds_, steps_, sampled_;      // per sequence
+  std::map<int, std::unique_ptr<Graph>> graphs_;
+  RunnerStats stats_;
+  int last_rows_ = 1;
+};
+
+}  // namespace mlag
