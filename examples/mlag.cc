@@ -26,7 +26,12 @@
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 #include "runtime/core/status.h"
+#include "mlag_config.h"
 #include "runtime/engine.h"
+#include "runtime/expert_parallel.h"
+#if MLAG_HAVE_MPI
+#include "comm/mpi_communicator.h"
+#endif
 #include "runtime/hf_layout.h"
 #include "runtime/model_loader.h"
 
@@ -113,6 +118,10 @@ struct RunFlags {
   int logprobs = 0;
   std::vector<int> stop_tokens;
   bool json = false;
+  // Expert parallelism: 0 = off.
+  int ep = 0;
+  std::string ep_backend = "local";
+  std::vector<std::string> reconfigure_at;
 };
 
 absl::StatusOr<std::vector<std::vector<int32_t>>> ReadPromptsFile(const std::string& path) {
@@ -159,6 +168,152 @@ double Percentile(std::vector<double> v, double q) {
   return v[std::min(i, v.size() - 1)];
 }
 
+RequestSpec MakeSpec(const RunFlags& f, const std::vector<int32_t>& prompt, size_t index) {
+  RequestSpec spec;
+  spec.prompt = prompt;
+  spec.max_tokens = f.max_tokens;
+  spec.stop_token_ids.assign(f.stop_tokens.begin(), f.stop_tokens.end());
+  spec.sampling.temperature = f.temperature;
+  spec.sampling.top_k = f.top_k;
+  spec.sampling.top_p = f.top_p;
+  spec.sampling.seed = f.seed * 1000003ull + index;
+  spec.sampling.logprobs = f.logprobs;
+  return spec;
+}
+
+// mlag run --ep N: the requests spread over N expert-parallel ranks (thread
+// ranks for --ep-backend local, mpirun processes for mpi), with optional
+// reconfigurations. Prints like a single-rank run, plus the reconfigurations.
+int RunExpertParallelCli(const RunFlags& f, const EngineOptions& options,
+                         std::vector<std::vector<int32_t>> prompts) {
+  EpOptions ep;
+  ep.world = f.ep;
+  for (const std::string& r : f.reconfigure_at) {
+    auto parsed = ParseReconfigureAt(r);
+    if (!parsed.ok()) return Fail(parsed.status());
+    if (parsed->size > f.ep) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "--reconfigure-at ", r, ": size ", parsed->size, " exceeds --ep ", f.ep)));
+    }
+    ep.reconfigure.push_back(*parsed);
+  }
+  std::stable_sort(ep.reconfigure.begin(), ep.reconfigure.end(),
+                   [](const ReconfigureAt& a, const ReconfigureAt& b) { return a.step < b.step; });
+  if (prompts.empty()) {
+    auto source = OpenModel(options.model);
+    if (!source.ok()) return Fail(source.status());
+    prompts = SyntheticPrompts(f, source->config.vocab_size);
+  }
+  std::vector<RequestSpec> specs;
+  for (size_t i = 0; i < prompts.size(); ++i) specs.push_back(MakeSpec(f, prompts[i], i));
+
+  auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<EpRunResult> result;
+  int my_rank = 0;
+  if (f.ep_backend == "local") {
+    result = RunLocalExpertParallel(options, ep, specs);
+  } else if (f.ep_backend == "mpi") {
+#if MLAG_HAVE_MPI
+    auto world = MpiCommunicator::World();
+    if (!world.ok()) return Fail(world.status());
+    my_rank = (*world)->rank();
+    auto rank = EpRank::Create(world->get(), options, ep);
+    if (!rank.ok()) return Fail(rank.status());
+    result = (*rank)->Run(specs);
+#else
+    return Fail(absl::FailedPreconditionError("--ep-backend mpi: built without MPI"));
+#endif
+  } else {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "unknown --ep-backend '", f.ep_backend, "' (expected local or mpi)")));
+  }
+  if (!result.ok()) return Fail(result.status());
+  const double seconds = Seconds(t0);
+  if (my_rank != 0) return 0;  // rank 0 prints for the world
+
+  int64_t tokens_in = 0, tokens_out = 0;
+  for (const auto& p : prompts) tokens_in += static_cast<int64_t>(p.size());
+  for (const EpRequestResult& r : result->requests) tokens_out += r.output_tokens.size();
+  const double hit_rate = result->prefix_queried_tokens > 0
+                              ? static_cast<double>(result->prefix_hit_tokens) /
+                                    result->prefix_queried_tokens
+                              : 0.0;
+  if (f.json) {
+    nlohmann::ordered_json j;
+    j["requests"] = nlohmann::ordered_json::array();
+    for (const EpRequestResult& r : result->requests) {
+      nlohmann::ordered_json rj = {{"id", r.id},
+                           {"prompt_tokens", r.prompt_tokens},
+                           {"output_tokens", r.output_tokens},
+                           {"finish_reason", std::string(FinishReasonName(r.finish_reason))}};
+      if (f.logprobs > 0) {
+        nlohmann::ordered_json lp = nlohmann::ordered_json::array();
+        for (const auto& entry : r.logprobs) {
+          nlohmann::ordered_json top = nlohmann::ordered_json::array();
+          for (const TokenLogprob& t : entry) top.push_back({{"token", t.token}, {"logprob", t.logprob}});
+          lp.push_back(top);
+        }
+        rj["logprobs"] = lp;
+      }
+      j["requests"].push_back(rj);
+    }
+    nlohmann::ordered_json replays = nlohmann::ordered_json::object();
+    for (const auto& [size, count] : result->graph_replays) replays[std::to_string(size)] = count;
+    j["stats"] = {{"steps", result->driver_steps},
+                  {"engine_steps", result->engine_steps},
+                  {"graph_replays", replays},
+                  {"eager_steps", result->eager_steps},
+                  {"dummy_steps", result->dummy_steps},
+                  {"prefix_cache_hit_rate", hit_rate},
+                  {"capture_seconds", result->capture_seconds},
+                  {"preemptions", result->preemptions},
+                  {"tokens_in", tokens_in},
+                  {"tokens_out", tokens_out},
+                  {"run_seconds", seconds},
+                  {"ep", f.ep},
+                  {"ep_backend", f.ep_backend}};
+    j["reconfigurations"] = nlohmann::ordered_json::array();
+    for (const ReconfigurationReport& r : result->reconfigurations) {
+      nlohmann::ordered_json phases = nlohmann::ordered_json::object();
+      for (const auto& [name, s] : r.seconds) phases[name] = s;
+      nlohmann::ordered_json rj = {{"step", r.step},
+                           {"from", r.from},
+                           {"to", r.to},
+                           {"kv_pages_unchanged", r.kv_pages_unchanged}};
+      rj["seconds"] = phases;  // in phase order
+      j["reconfigurations"].push_back(rj);
+    }
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  for (const EpRequestResult& r : result->requests) {
+    std::printf("request %lld (%d prompt tokens, %s):", static_cast<long long>(r.id),
+                r.prompt_tokens, std::string(FinishReasonName(r.finish_reason)).c_str());
+    for (int32_t t : r.output_tokens) std::printf(" %d", t);
+    std::printf("\n");
+  }
+  std::printf("\nexpert parallel: %d ranks (%s backend), %lld driver steps, %lld engine steps "
+              "summed over ranks, %lld dummy steps\n",
+              f.ep, f.ep_backend.c_str(), static_cast<long long>(result->driver_steps),
+              static_cast<long long>(result->engine_steps),
+              static_cast<long long>(result->dummy_steps));
+  std::printf("requests: %zu, tokens in %lld, tokens out %lld, %.1f s, %.1f tokens/s out; "
+              "prefix cache hit rate %.1f%%\n",
+              result->requests.size(), static_cast<long long>(tokens_in),
+              static_cast<long long>(tokens_out), seconds, tokens_out / std::max(seconds, 1e-9),
+              100.0 * hit_rate);
+  std::printf("graph replays per size:");
+  for (const auto& [size, count] : result->graph_replays) std::printf(" %d:%lld", size, static_cast<long long>(count));
+  std::printf("\n");
+  for (const ReconfigurationReport& r : result->reconfigurations) {
+    std::printf("reconfiguration at step %d: %d -> %d ranks, kv pages unchanged: %s;", r.step,
+                r.from, r.to, r.kv_pages_unchanged ? "yes" : "NO");
+    for (const auto& [name, s] : r.seconds) std::printf(" %s %.4f s", name.c_str(), s);
+    std::printf("\n");
+  }
+  return 0;
+}
+
 int RunRun(const RunFlags& f) {
   if (f.max_tokens < 1) {
     return Fail(absl::InvalidArgumentError(
@@ -183,6 +338,8 @@ int RunRun(const RunFlags& f) {
     if (!read.ok()) return Fail(read.status());
     prompts = std::move(*read);
   }
+
+  if (f.ep > 0) return RunExpertParallelCli(f, *options, prompts);
 
   auto t_create = std::chrono::steady_clock::now();
   auto engine_or = Engine::Create(*options);
@@ -426,6 +583,10 @@ int main(int argc, char** argv) {
   run->add_option("--logprobs", run_flags.logprobs, "top-K log-probabilities per token (JSON)");
   run->add_option("--stop-token", run_flags.stop_tokens, "stop at this token id (repeatable)");
   run->add_flag("--json", run_flags.json, "print one JSON object");
+  run->add_option("--ep", run_flags.ep, "expert-parallel ranks (0: off)");
+  run->add_option("--ep-backend", run_flags.ep_backend, "local (thread ranks) or mpi (mpirun)");
+  run->add_option("--reconfigure-at", run_flags.reconfigure_at,
+                  "STEP:SIZE: reconfigure the expert-parallel group before STEP (repeatable)");
 
   mlag::EngineFlags graphs_flags;
   int graphs_size = 0;

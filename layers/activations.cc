@@ -10,8 +10,8 @@ namespace {
 // Runs `alloc(dtype, shape)` for every buffer, in one fixed order, so sizing
 // and allocation cannot disagree.
 template <typename Alloc>
-absl::Status ForEachBuffer(const ModelConfig& c, int64_t T, int64_t B, Activations* a,
-                           Alloc&& alloc) {
+absl::Status ForEachBuffer(const ModelConfig& c, int64_t T, int64_t B, int64_t N,
+                           Activations* a, Alloc&& alloc) {
   const int64_t D = c.hidden_size, H = c.num_attention_heads, R = c.kv_lora_rank;
   const int64_t W = std::max<int64_t>(c.intermediate_size,
                                       int64_t{c.n_shared_experts} * c.moe_intermediate_size);
@@ -36,15 +36,22 @@ absl::Status ForEachBuffer(const ModelConfig& c, int64_t T, int64_t B, Activatio
   MLAG_RETURN_IF_ERROR(alloc(DType::kF32, {T, D}, &a->shared_out));
   MLAG_RETURN_IF_ERROR(alloc(DType::kF32, {B, D}, &a->last_hidden));
   MLAG_RETURN_IF_ERROR(alloc(DType::kF32, {B, int64_t{c.vocab_size}}, &a->logits));
+  if (N > 1) {
+    MLAG_RETURN_IF_ERROR(alloc(DType::kF32, {N * T, D}, &a->ep_x));
+    MLAG_RETURN_IF_ERROR(alloc(DType::kI32, {N * T, K}, &a->ep_ids));
+    MLAG_RETURN_IF_ERROR(alloc(DType::kF32, {N * T, K}, &a->ep_weights));
+    MLAG_RETURN_IF_ERROR(alloc(DType::kF32, {N * T, D}, &a->ep_y));
+  }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-size_t Activations::Bytes(const ModelConfig& config, int max_tokens, int max_seqs) {
+size_t Activations::Bytes(const ModelConfig& config, int max_tokens, int max_seqs,
+                         int max_ep_ranks) {
   size_t total = 0;
   Activations unused;
-  ForEachBuffer(config, max_tokens, max_seqs, &unused,
+  ForEachBuffer(config, max_tokens, max_seqs, max_ep_ranks, &unused,
                 [&](DType dtype, std::initializer_list<int64_t> shape, Tensor*) {
                   size_t bytes = Tensor(nullptr, dtype, shape).nbytes();
                   total += (bytes + 63) / 64 * 64;  // the workspace's alignment
@@ -55,10 +62,11 @@ size_t Activations::Bytes(const ModelConfig& config, int max_tokens, int max_seq
 }
 
 absl::StatusOr<Activations> Activations::Allocate(const ModelConfig& config, int max_tokens,
-                                                  int max_seqs, Workspace& workspace) {
+                                                  int max_seqs, int max_ep_ranks,
+                                                  Workspace& workspace) {
   Activations a;
   MLAG_RETURN_IF_ERROR(ForEachBuffer(
-      config, max_tokens, max_seqs, &a,
+      config, max_tokens, max_seqs, max_ep_ranks, &a,
       [&](DType dtype, std::initializer_list<int64_t> shape, Tensor* out) -> absl::Status {
         MLAG_ASSIGN_OR_RETURN(*out, workspace.Allocate(dtype, shape));
         return absl::OkStatus();

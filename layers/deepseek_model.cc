@@ -62,11 +62,12 @@ absl::Status DeepseekModel::Load(WeightSource& source) {
   MLAG_RETURN_IF_ERROR(arena_.Upload(table, rope_table_));
 
   // Activations for the largest batch, allocated once.
-  MLAG_ASSIGN_OR_RETURN(
-      Buffer ws, device_->Allocate(Activations::Bytes(c, options_.max_tokens, options_.max_seqs)));
+  MLAG_ASSIGN_OR_RETURN(Buffer ws, device_->Allocate(Activations::Bytes(
+                                       c, options_.max_tokens, options_.max_seqs,
+                                       options_.max_ep_ranks)));
   workspace_ = Workspace(std::move(ws));
   MLAG_ASSIGN_OR_RETURN(acts_, Activations::Allocate(c, options_.max_tokens, options_.max_seqs,
-                                                     workspace_));
+                                                     options_.max_ep_ranks, workspace_));
   return absl::OkStatus();
 }
 
@@ -82,6 +83,25 @@ DeepseekModel::WeightBytes DeepseekModel::weight_breakdown() const {
     w.local_experts = static_cast<int>(moe->local_experts().size());
   }
   return w;
+}
+
+absl::Status DeepseekModel::SetExpertGroup(Communicator* group) {
+  if (group != nullptr && group->size() > options_.max_ep_ranks) {
+    return absl::InvalidArgumentError(absl::StrCat("expert-parallel group of ", group->size(),
+                                                   " ranks; the model was built for at most ",
+                                                   options_.max_ep_ranks));
+  }
+  ep_group_ = group;
+  return absl::OkStatus();
+}
+
+absl::Status DeepseekModel::MigrateExperts(Stream& stream, Communicator& world,
+                                           const ExpertPlacement& from,
+                                           const ExpertPlacement& to) {
+  for (auto& moe : moes_) {
+    if (moe) MLAG_RETURN_IF_ERROR(moe->MigrateExperts(stream, world, from, to));
+  }
+  return absl::OkStatus();
 }
 
 void DeepseekModel::BindKvCache(int layer, const Tensor& cache) {
@@ -124,7 +144,7 @@ absl::Status DeepseekModel::Forward(Stream& stream, const AttentionMetadata& met
         routing_sink_->resize(c.num_hidden_layers);
         record = &(*routing_sink_)[i];
       }
-      MLAG_RETURN_IF_ERROR(moes_[i]->Forward(stream, acts_, normed, ffn_out, record));
+      MLAG_RETURN_IF_ERROR(moes_[i]->Forward(stream, acts_, normed, ffn_out, record, ep_group_));
     } else {
       MLAG_RETURN_IF_ERROR(mlps_[i]->Forward(stream, normed, acts_.gate_up, acts_.act, ffn_out));
     }

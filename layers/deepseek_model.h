@@ -27,6 +27,9 @@ struct ModelOptions {
   int max_seqs = 64;     // most sequences in one forward
   // Global ids of the routed experts held by this model instance (empty: all).
   std::vector<int> local_experts;
+  // The largest expert-parallel group this model will run in (sizes the
+  // dispatch/combine buffers).
+  int max_ep_ranks = 1;
 };
 
 class DeepseekModel {
@@ -36,6 +39,20 @@ class DeepseekModel {
                                                                Device* device,
                                                                WeightSource& source,
                                                                const ModelOptions& options);
+
+  // The expert-parallel group the MoE layers dispatch over (nullptr or a
+  // group of one: every routed expert computed here). Its size must not
+  // exceed options().max_ep_ranks.
+  absl::Status SetExpertGroup(Communicator* group);
+  Communicator* expert_group() const { return ep_group_; }
+
+  // Moves the routed experts of every MoE layer from placement `from` to `to`
+  // over `world` (see Moe::MigrateExperts). Graphs captured before hold the
+  // old weight addresses and must be captured again.
+  absl::Status MigrateExperts(Stream& stream, Communicator& world, const ExpertPlacement& from,
+                              const ExpertPlacement& to);
+  // The MoE block of layer `layer`, or nullptr for a dense layer.
+  const Moe* moe(int layer) const { return moes_[layer].get(); }
 
   // Points layer `layer` at its KV cache [num_blocks, block_size, Rkv + dr].
   void BindKvCache(int layer, const Tensor& cache);
@@ -87,6 +104,7 @@ class DeepseekModel {
   std::vector<std::unique_ptr<Mlp>> mlps_;  // null for MoE layers
   std::vector<std::unique_ptr<Moe>> moes_;  // null for dense layers
   std::vector<std::vector<int32_t>>* routing_sink_ = nullptr;
+  Communicator* ep_group_ = nullptr;
 };
 
 }  // namespace mlag

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "comm/communicator.h"
+#include "comm/expert_placement.h"
 #include "layers/activations.h"
 #include "layers/mlp.h"
 #include "layers/model_config.h"
@@ -31,8 +33,28 @@ class Moe {
 
   // out[0:T] = FFN(x[0:T]), T = x.size(0). When `routing_record` is set (eager
   // runs only), the chosen expert ids [T * K] are copied into it after routing.
+  //
+  // With an expert-parallel group `ep` of N > 1 ranks (every rank calling
+  // with the same T), the routed part runs as: dispatch (all-gather the
+  // tokens, ids and weights of every rank), the local experts over all N*T
+  // rows, combine (reduce-scatter the partial sums back to their ranks). The
+  // shared experts run on the rank's own tokens.
   absl::Status Forward(Stream& stream, const Activations& acts, const Tensor& x,
-                       const Tensor& out, std::vector<int32_t>* routing_record = nullptr) const;
+                       const Tensor& out, std::vector<int32_t>* routing_record = nullptr,
+                       Communicator* ep = nullptr) const;
+
+  // Moves the routed experts from placement `from` to placement `to` (both
+  // over the ranks of `world`, group rank == world rank): an expert that
+  // stays on this rank is copied locally, one that moves is sent by its old
+  // owner and received by its new one. Every rank of `world` calls it, in the
+  // same order for every layer. A rank outside `to` ends with no experts.
+  absl::Status MigrateExperts(Stream& stream, Communicator& world, const ExpertPlacement& from,
+                              const ExpertPlacement& to);
+
+  // The expert weights of local slot `slot`: gate|up [2*Im, D] and down
+  // [D, Im] (device memory).
+  Tensor expert_gate_up(int slot) const { return w_gate_up_.Select(0, slot); }
+  Tensor expert_down(int slot) const { return w_down_.Select(0, slot); }
 
   // Bytes of one routed expert's weights (gate, up and down).
   size_t expert_bytes() const;
@@ -47,9 +69,16 @@ class Moe {
   std::vector<int> local_experts_;
   Tensor w_gate_;           // [E, D]
   Tensor correction_bias_;  // [E] (noaux_tc) or empty
+  // Installs `experts` as the local set: expert_map_ follows.
+  absl::Status SetLocalExperts(std::vector<int> experts);
+  // Allocates expert buffers for `slots` local experts (at least one slot).
+  absl::Status AllocateExpertBuffers(int64_t slots, Buffer* gate_up, Buffer* down) const;
+
+  Device* device_ = nullptr;
   Tensor expert_map_;       // i32 [E]
-  Tensor w_gate_up_;        // [L, 2*Im, D]
-  Tensor w_down_;           // [L, D, Im]
+  Buffer gate_up_buf_, down_buf_;  // owned here: migration replaces them
+  Tensor w_gate_up_;        // [max(L,1), 2*Im, D]
+  Tensor w_down_;           // [max(L,1), D, Im]
   std::unique_ptr<Mlp> shared_;
 };
 

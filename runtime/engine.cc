@@ -44,7 +44,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   rc.graph_mode = options.graph_mode;
   rc.capture_sizes = options.capture_sizes;
   rc.local_experts = options.local_experts;
+  rc.max_ep_ranks = std::max(options.max_ep_ranks,
+                             options.ep_group != nullptr ? options.ep_group->size() : 1);
   MLAG_ASSIGN_OR_RETURN(e->runner_, ModelRunner::Create(source, e->device_.get(), rc));
+  MLAG_RETURN_IF_ERROR(e->runner_->SetExpertGroup(options.ep_group));
   MLAG_RETURN_IF_ERROR(e->runner_->CaptureGraphs());
   e->kv_ = std::make_unique<KvCacheManager>(rc.num_blocks, rc.block_size,
                                             options.enable_prefix_caching);
@@ -56,6 +59,27 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
 }
 
 absl::StatusOr<RequestId> Engine::AddRequest(const RequestSpec& spec) {
+  return AddRequestWithId(spec, next_id_);
+}
+
+absl::StatusOr<RequestId> Engine::AddRequestWithId(const RequestSpec& spec, RequestId id) {
+  if (requests_.count(id) > 0) {
+    return absl::AlreadyExistsError(absl::StrCat("request id ", id, " is already in use"));
+  }
+  MLAG_RETURN_IF_ERROR(ValidateRequest(spec));
+  auto req = std::make_unique<Request>();
+  req->id = id;
+  next_id_ = std::max(next_id_, id + 1);
+  req->spec = spec;
+  req->tokens = spec.prompt;
+  req->num_prompt_tokens = static_cast<int>(spec.prompt.size());
+  Request* raw = req.get();
+  requests_[raw->id] = std::move(req);
+  scheduler_->Add(raw);
+  return raw->id;
+}
+
+absl::Status Engine::ValidateRequest(const RequestSpec& spec) const {
   const int vocab = config().vocab_size;
   if (spec.prompt.empty()) return absl::InvalidArgumentError("request has an empty prompt");
   for (size_t i = 0; i < spec.prompt.size(); ++i) {
@@ -93,23 +117,13 @@ absl::StatusOr<RequestId> Engine::AddRequest(const RequestSpec& spec) {
         "bad sampling parameters: top_p must be in (0, 1], logprobs in [0, ", vocab,
         "], temperature a number"));
   }
-  auto req = std::make_unique<Request>();
-  req->id = next_id_++;
-  req->spec = spec;
-  req->tokens = spec.prompt;
-  req->num_prompt_tokens = static_cast<int>(spec.prompt.size());
-  Request* raw = req.get();
-  requests_[raw->id] = std::move(req);
-  scheduler_->Add(raw);
-  return raw->id;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepOutput> Engine::Step() {
   StepOutput out;
   SchedulerOutput sched = scheduler_->Schedule();
   out.preempted = sched.preempted;
-  if (sched.empty()) return out;
-  ++steps_;
   std::vector<StepSequence> seqs(sched.scheduled.size());
   for (size_t i = 0; i < sched.scheduled.size(); ++i) {
     const ScheduledRequest& s = sched.scheduled[i];
@@ -123,7 +137,25 @@ absl::StatusOr<StepOutput> Engine::Step() {
     q.sampling = r.spec.sampling;
     q.output_index = r.num_output_tokens();
   }
-  MLAG_ASSIGN_OR_RETURN(StepResult result, runner_->Execute(seqs));
+  StepPlan plan = sched.empty() ? StepPlan{0, true} : runner_->Plan(seqs);
+  Communicator* group = options_.ep_group;
+  if (group != nullptr) {
+    // Lockstep: one shape for every rank of the group.
+    MLAG_ASSIGN_OR_RETURN(int64_t rows, group->AllReduceScalar(plan.rows, ReduceOp::kMax));
+    MLAG_ASSIGN_OR_RETURN(int64_t all_decode,
+                          group->AllReduceScalar(plan.decode ? 1 : 0, ReduceOp::kMin));
+    if (rows == 0) return out;  // no rank has work
+    plan = runner_->Agree(static_cast<int>(rows), all_decode == 1);
+    if (sched.empty()) {
+      MLAG_RETURN_IF_ERROR(runner_->DummyStep(plan));
+      out.dummy = true;
+      out.padded_size = plan.rows;
+      return out;
+    }
+  }
+  if (sched.empty()) return out;
+  ++steps_;
+  MLAG_ASSIGN_OR_RETURN(StepResult result, runner_->Execute(seqs, &plan));
   out.num_tokens = sched.num_tokens;
   out.replayed = result.replayed;
   out.padded_size = result.padded_size;
@@ -140,6 +172,40 @@ absl::StatusOr<StepOutput> Engine::Step() {
     out.finished.push_back(r->id);
   }
   return out;
+}
+
+std::vector<std::unique_ptr<Request>> Engine::TakeUnfinished() {
+  std::vector<std::unique_ptr<Request>> taken;
+  for (auto it = requests_.begin(); it != requests_.end();) {
+    if (it->second->finished()) {
+      ++it;
+      continue;
+    }
+    scheduler_->Remove(it->second.get());
+    taken.push_back(std::move(it->second));
+    it = requests_.erase(it);
+  }
+  return taken;
+}
+
+absl::Status Engine::AdoptRequest(std::unique_ptr<Request> request) {
+  if (requests_.count(request->id) > 0) {
+    return absl::AlreadyExistsError(absl::StrCat("request id ", request->id, " is already in use"));
+  }
+  request->num_computed_tokens = 0;
+  request->state = RequestState::kWaiting;
+  next_id_ = std::max(next_id_, request->id + 1);
+  Request* raw = request.get();
+  requests_[raw->id] = std::move(request);
+  scheduler_->Add(raw);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::SetExpertGroup(Communicator* group) {
+  runner_->DropGraphs();
+  MLAG_RETURN_IF_ERROR(runner_->SetExpertGroup(group));
+  options_.ep_group = group;
+  return absl::OkStatus();
 }
 
 absl::Status Engine::Abort(RequestId id) {

@@ -40,6 +40,11 @@ struct EngineOptions {
   std::vector<int> capture_sizes;  // empty: the default list
   bool enable_prefix_caching = true;
   std::vector<int> local_experts;  // empty: every routed expert
+  // Expert parallelism: the group this rank's MoE layers dispatch over
+  // (nullptr: none), and the largest group it will ever join. With a group,
+  // every Step is taken in lockstep with the other ranks (see Step).
+  Communicator* ep_group = nullptr;
+  int max_ep_ranks = 1;
 };
 
 struct StepOutput {
@@ -51,6 +56,7 @@ struct StepOutput {
   std::vector<RequestId> preempted;
   int num_tokens = 0;      // tokens computed
   bool replayed = false;   // ran as a graph replay
+  bool dummy = false;      // this rank had no work and ran a dummy step
   int padded_size = 0;
 };
 
@@ -83,8 +89,35 @@ class Engine {
   // the KV pool; that request alone is rejected.
   absl::StatusOr<RequestId> AddRequest(const RequestSpec& spec);
 
+  // The checks AddRequest makes, without queuing anything.
+  absl::Status ValidateRequest(const RequestSpec& spec) const;
+
+  // Like AddRequest, with the id chosen by the caller (expert-parallel
+  // drivers number requests across ranks). AlreadyExists for a used id.
+  absl::StatusOr<RequestId> AddRequestWithId(const RequestSpec& spec, RequestId id);
+
   // Runs one scheduling step (a no-op step when nothing can run).
+  //
+  // In an expert-parallel group every rank calls Step together: the ranks
+  // agree on the step's shape (the largest row count, and a decode plan only
+  // if every rank has one), so their MoE collectives match; a rank with
+  // nothing scheduled runs a dummy step of that shape, which writes no KV.
   absl::StatusOr<StepOutput> Step();
+
+  // Removes every unfinished request (freeing its KV blocks) and hands it to
+  // the caller with its tokens so far: a leaving expert-parallel rank's
+  // requests, to be adopted by another rank.
+  std::vector<std::unique_ptr<Request>> TakeUnfinished();
+
+  // Queues a request taken from another engine. Its generated tokens are
+  // kept; its KV is recomputed (prefix-cache hits included). Its id must be
+  // unused here.
+  absl::Status AdoptRequest(std::unique_ptr<Request> request);
+
+  // Switches the expert-parallel group (nullptr: none). Drops every graph;
+  // call CaptureGraphs (in lockstep over the new group) before the next step.
+  absl::Status SetExpertGroup(Communicator* group);
+  Communicator* expert_group() const { return options_.ep_group; }
 
   // Finishes a request with reason "abort" and frees its blocks.
   absl::Status Abort(RequestId id);

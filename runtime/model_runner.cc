@@ -70,6 +70,7 @@ absl::Status ModelRunner::Init(ModelSource& source) {
   mo.max_tokens = max_rows_;
   mo.max_seqs = max_seq_rows_;
   mo.local_experts = c.local_experts;
+  mo.max_ep_ranks = c.max_ep_ranks;
   MLAG_ASSIGN_OR_RETURN(model_, BuildModel(source, device_, mo));
 
   auto alloc = [&](DType dtype, std::initializer_list<int64_t> shape) -> absl::StatusOr<Tensor> {
@@ -176,13 +177,17 @@ absl::Status Upload(Device& device, const Tensor& dst, const std::vector<T>& src
 
 }  // namespace
 
-absl::Status ModelRunner::FillDummy(int rows) {
+absl::Status ModelRunner::FillDummy(const StepPlan& plan) {
+  const int rows = plan.rows;
+  const int seqs = plan.decode ? rows : 1;
   Staging st;
-  st.Resize(rows, rows, max_blocks_per_seq_);
-  for (int i = 0; i < rows; ++i) {
-    st.qsl[i + 1] = i + 1;
-    st.logits_idx[i] = i;
-  }
+  st.Resize(rows, seqs, max_blocks_per_seq_);
+  if (plan.decode) {
+    for (int i = 0; i < rows; ++i) {
+      st.qsl[i + 1] = i + 1;
+      st.logits_idx[i] = i;
+    }
+  }  // else one empty sequence: qsl = [0, 0], every token row belongs to none
   MLAG_RETURN_IF_ERROR(Upload(*device_, input_ids_, st.ids));
   MLAG_RETURN_IF_ERROR(Upload(*device_, positions_, st.positions));
   MLAG_RETURN_IF_ERROR(Upload(*device_, slot_mapping_, st.slots));
@@ -197,19 +202,61 @@ absl::Status ModelRunner::FillDummy(int rows) {
   return Upload(*device_, steps_, st.steps);
 }
 
-absl::Status ModelRunner::DummyStep(int padded_size) {
-  if (padded_size < 1 || padded_size > std::min(max_rows_, max_seq_rows_)) {
-    return absl::InvalidArgumentError(absl::StrCat("dummy step of ", padded_size,
-                                                   " rows; the runner holds at most ",
-                                                   std::min(max_rows_, max_seq_rows_)));
+absl::Status ModelRunner::DummyStep(const StepPlan& plan) {
+  const int limit = plan.decode ? std::min(max_rows_, max_seq_rows_) : max_rows_;
+  if (plan.rows < 1 || plan.rows > limit) {
+    return absl::InvalidArgumentError(absl::StrCat("dummy step of ", plan.rows,
+                                                   " rows; the runner holds at most ", limit));
   }
-  MLAG_RETURN_IF_ERROR(FillDummy(padded_size));
+  MLAG_RETURN_IF_ERROR(FillDummy(plan));
   ++stats_.dummy_steps;
-  last_rows_ = padded_size;
-  auto it = graphs_.find(padded_size);
+  last_rows_ = plan.decode ? plan.rows : 1;
+  auto it = plan.decode ? graphs_.find(plan.rows) : graphs_.end();
   if (it != graphs_.end()) return it->second->Replay(*stream_);
-  MLAG_RETURN_IF_ERROR(RunOps(Metadata(padded_size, padded_size, /*decode_only=*/true)));
+  MLAG_RETURN_IF_ERROR(RunOps(plan.decode ? Metadata(plan.rows, plan.rows, true)
+                                          : Metadata(plan.rows, 1, false)));
   return stream_->Synchronize();
+}
+
+absl::Status ModelRunner::SaveAndClearMetadata() {
+  saved_metadata_.clear();
+  for (const Tensor* t : {&slot_mapping_, &block_table_, &seq_lens_, &query_start_loc_,
+                          &logits_indices_, &positions_, &input_ids_}) {
+    std::vector<char> bytes(t->nbytes());
+    MLAG_RETURN_IF_ERROR(device_->CopyToHost(bytes.data(), t->data(), bytes.size()));
+    saved_metadata_.push_back(std::move(bytes));
+  }
+  return FillDummy(StepPlan{std::min(max_rows_, max_seq_rows_), true});
+}
+
+absl::Status ModelRunner::RestoreMetadata() {
+  if (saved_metadata_.empty()) return absl::FailedPreconditionError("no saved metadata");
+  size_t i = 0;
+  for (const Tensor* t : {&slot_mapping_, &block_table_, &seq_lens_, &query_start_loc_,
+                          &logits_indices_, &positions_, &input_ids_}) {
+    MLAG_RETURN_IF_ERROR(
+        device_->CopyFromHost(t->data(), saved_metadata_[i].data(), saved_metadata_[i].size()));
+    ++i;
+  }
+  saved_metadata_.clear();
+  return absl::OkStatus();
+}
+
+StepPlan ModelRunner::Plan(absl::Span<const StepSequence> seqs) const {
+  int tokens = 0;
+  bool decode = !seqs.empty();
+  for (const StepSequence& s : seqs) {
+    tokens += static_cast<int>(s.new_tokens.size());
+    decode &= s.new_tokens.size() == 1;
+  }
+  if (!decode) return StepPlan{tokens, false};
+  return Agree(static_cast<int>(seqs.size()), true);
+}
+
+StepPlan ModelRunner::Agree(int max_rows, bool all_decode) const {
+  if (!all_decode) return StepPlan{max_rows, false};
+  const int padded = PaddedSize(max_rows);
+  return StepPlan{padded > 0 ? padded : max_rows, true};
 }
 
 absl::Status ModelRunner::CaptureGraphs() {
@@ -219,7 +266,7 @@ absl::Status ModelRunner::CaptureGraphs() {
   for (auto it = capture_sizes_.rbegin(); it != capture_sizes_.rend(); ++it) {
     const int size = *it;
     // Eager dummy warm-up, then the capture over the same dummy buffers.
-    MLAG_RETURN_IF_ERROR(FillDummy(size));
+    MLAG_RETURN_IF_ERROR(FillDummy(StepPlan{size, true}));
     MLAG_RETURN_IF_ERROR(RunOps(Metadata(size, size, true)));
     MLAG_RETURN_IF_ERROR(stream_->BeginCapture());
     absl::Status recorded = RunOps(Metadata(size, size, true));
@@ -234,7 +281,8 @@ absl::Status ModelRunner::CaptureGraphs() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> seqs) {
+absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> seqs,
+                                                const StepPlan* plan_in) {
   const int B = static_cast<int>(seqs.size());
   int T = 0;
   bool decode_only = B > 0;
@@ -251,10 +299,18 @@ absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> s
   // Pure decode batches are padded to the smallest capture size in both graph
   // modes: kNone runs the padded batch eagerly, so the two modes do the same
   // arithmetic and give bit-identical results.
-  const int padded = decode_only ? PaddedSize(B) : 0;
-  const bool replay = padded > 0 && graphs_.count(padded) > 0;
-  const int rows = padded > 0 ? padded : T;
-  const int seq_rows = padded > 0 ? padded : B;
+  const StepPlan plan = plan_in != nullptr ? *plan_in : Plan(seqs);
+  if ((plan.decode && (!decode_only || plan.rows < B || plan.rows > max_seq_rows_)) ||
+      (!plan.decode && (plan.rows < T || plan.rows > max_rows_))) {
+    return absl::InvalidArgumentError(absl::StrCat("step plan of ", plan.rows, " rows (",
+                                                   plan.decode ? "decode" : "mixed",
+                                                   ") does not fit ", B, " sequences / ", T,
+                                                   " tokens"));
+  }
+  const bool replay = plan.decode && graphs_.count(plan.rows) > 0;
+  const int rows = plan.rows;
+  const int seq_rows = plan.decode ? plan.rows : B;
+  const int padded = replay ? plan.rows : 0;
 
   Staging st;
   st.Resize(rows, seq_rows, max_blocks_per_seq_);
@@ -287,7 +343,8 @@ absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> s
     st.seeds[b] = static_cast<int64_t>(s.sampling.seed);
     st.steps[b] = s.output_index;
   }
-  // Padding rows (padded decode batches): dummy tokens, one per padded sequence.
+  // Padding (decode plans): dummy tokens, one per padded sequence. Mixed plans
+  // pad with token rows of no sequence (already dummy in the staging).
   for (int b = B; b < seq_rows; ++b) {
     st.qsl[b + 1] = st.qsl[b] + 1;
     st.logits_idx[b] = st.qsl[b];
@@ -313,7 +370,7 @@ absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> s
     MLAG_RETURN_IF_ERROR(graphs_[padded]->Replay(*stream_));
     ++stats_.graph_replays[padded];
   } else {
-    MLAG_RETURN_IF_ERROR(RunOps(Metadata(rows, seq_rows, decode_only)));
+    MLAG_RETURN_IF_ERROR(RunOps(Metadata(rows, seq_rows, plan.decode)));
     ++stats_.eager_steps;
   }
   MLAG_RETURN_IF_ERROR(stream_->Synchronize());

@@ -26,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "comm/communicator.h"
 #include "layers/deepseek_model.h"
 #include "runtime/model_loader.h"
 #include "runtime/request.h"
@@ -46,6 +47,7 @@ struct RunnerConfig {
   int max_num_seqs = 64;
   int max_num_batched_tokens = 512;
   int max_model_len = 256;
+  int max_ep_ranks = 1;  // largest expert-parallel group (sizes its buffers)
   int block_size = 64;
   int num_blocks = 64;  // including the null block 0
   GraphMode graph_mode = GraphMode::kFullDecode;
@@ -61,6 +63,15 @@ struct StepSequence {
   bool sample = false;                   // sample a token from the last position
   SamplingParams sampling;
   int64_t output_index = 0;              // RNG step: number of tokens generated so far
+};
+
+// The shape a step runs with. decode: every sequence has one token and the
+// batch is laid out as `rows` sequences (padding sequences included), which
+// can replay the graph of that size; otherwise `rows` token rows (padding
+// rows belong to no sequence) run eagerly.
+struct StepPlan {
+  int rows = 0;
+  bool decode = false;
 };
 
 struct StepResult {
@@ -89,13 +100,37 @@ class ModelRunner {
   absl::Status CaptureGraphs();
   void DropGraphs() { graphs_.clear(); }
 
-  // Runs one step over `seqs` (at most max_num_seqs, at most
-  // max_num_batched_tokens tokens in all).
-  absl::StatusOr<StepResult> Execute(absl::Span<const StepSequence> seqs);
+  // The plan this runner would choose for `seqs` alone: a pure decode batch
+  // padded to the smallest capture size (its exact size above the largest),
+  // otherwise the token count.
+  StepPlan Plan(absl::Span<const StepSequence> seqs) const;
+  // The plan every rank of an expert-parallel group runs with, given the
+  // largest rows and whether all ranks' plans were decode plans: the same on
+  // every rank, so their collectives match.
+  StepPlan Agree(int max_rows, bool all_decode) const;
 
-  // A run of `padded_size` dummy rows: a graph replay when that size was
-  // captured, an eager forward otherwise. Safe at any step boundary.
-  absl::Status DummyStep(int padded_size);
+  // Runs one step over `seqs` (at most max_num_seqs, at most
+  // max_num_batched_tokens tokens in all) with `plan` (nullptr: Plan(seqs)).
+  // A plan may only add padding: plan->rows >= what `seqs` needs.
+  absl::StatusOr<StepResult> Execute(absl::Span<const StepSequence> seqs,
+                                     const StepPlan* plan = nullptr);
+
+  // A run of dummy rows only: `plan.rows` padding sequences (decode layout:
+  // the graph of that size when captured) or token rows of no sequence.
+  // Writes no KV and reads none. Safe at any step boundary.
+  absl::Status DummyStep(const StepPlan& plan);
+  absl::Status DummyStep(int padded_size) { return DummyStep(StepPlan{padded_size, true}); }
+
+  // Saves the static attention-metadata buffers (block tables, sequence
+  // lengths, slots) and overwrites them with dummy values; RestoreMetadata
+  // puts them back. Around a reconfiguration's re-capture, so nothing but
+  // dummy metadata is visible while graphs are rebuilt.
+  absl::Status SaveAndClearMetadata();
+  absl::Status RestoreMetadata();
+
+  // Sets the expert-parallel group the model dispatches over. Graphs captured
+  // with another group must be dropped and captured again.
+  absl::Status SetExpertGroup(Communicator* group) { return model_->SetExpertGroup(group); }
 
   // Fills every KV cache block with seeded random values. For benchmarks,
   // whose timing does not depend on what the cache holds.
@@ -125,8 +160,8 @@ class ModelRunner {
   absl::Status Init(ModelSource& source);
   // Metadata over the first `rows` rows of the static buffers.
   AttentionMetadata Metadata(int num_tokens, int num_seqs, bool decode_only) const;
-  // Writes `rows` dummy rows into the static buffers.
-  absl::Status FillDummy(int rows);
+  // Writes a dummy step of `plan` into the static buffers.
+  absl::Status FillDummy(const StepPlan& plan);
   // Forward + sampling on the static buffers (eager or recorded).
   absl::Status RunOps(const AttentionMetadata& meta);
   // Smallest captured size >= n, or 0.
@@ -147,6 +182,7 @@ class ModelRunner {
   Tensor block_table_, seq_lens_, query_start_loc_, logits_indices_;  // per sequence
   Tensor temperature_, top_k_, top_p_, seeds_, steps_, sampled_;      // per sequence
   std::map<int, std::unique_ptr<Graph>> graphs_;
+  std::vector<std::vector<char>> saved_metadata_;
   RunnerStats stats_;
   int last_rows_ = 1;
 };

@@ -125,13 +125,17 @@ std::vector<Request*> Scheduler::Update(const SchedulerOutput& out,
   return finished;
 }
 
-void Scheduler::Abort(Request* request) {
-  if (request->finished()) return;
+void Scheduler::Remove(Request* request) {
   auto w = std::find(waiting_.begin(), waiting_.end(), request);
   if (w != waiting_.end()) waiting_.erase(w);
   auto r = std::find(running_.begin(), running_.end(), request);
   if (r != running_.end()) running_.erase(r);
   kv_->Free(request->id);
+}
+
+void Scheduler::Abort(Request* request) {
+  if (request->finished()) return;
+  Remove(request);
   request->state = RequestState::kFinished;
   request->finish_reason = FinishReason::kAbort;
 }

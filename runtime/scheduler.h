@@ -66,6 +66,10 @@ class Scheduler {
   // Removes a request wherever it is and frees its blocks.
   void Abort(Request* request);
 
+  // Forgets an unfinished request (frees its blocks, leaves its state and
+  // tokens alone) so that another scheduler can adopt it.
+  void Remove(Request* request);
+
   bool HasUnfinished() const { return !waiting_.empty() || !running_.empty(); }
   int num_running() const { return static_cast<int>(running_.size()); }
   int num_waiting() const { return static_cast<int>(waiting_.size()); }

@@ -1,0 +1,76 @@
+// Communicators: the ranks of an expert-parallel group and the collectives
+// they run together.
+//
+// Data collectives are launched on a Stream like any other op, so inside a
+// capture they become graph nodes of kind comm (named by the caller's
+// NodeScope, e.g. layers.3.moe.dispatch). Every rank must launch the same
+// collectives in the same order with the same sizes, and replay captured
+// graphs in lockstep. Buffers live on the stream's device.
+//
+// Backends:
+//   local  thread ranks in one process over shared memory (tests, single
+//          process runs): LocalCommunicator::CreateGroup(n)
+//   mpi    one process per rank, host buffers, started by mpirun
+//   nccl   GPUs; its unique id is broadcast over MPI (or ncclCommInitAll in one
+//          process); ncclCommSplit re-splits
+//
+// The largest world is created once; an active expert-parallel group is a
+// Split of it, so scaling down and back up are both re-splits.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "runtime/core/stream.h"
+#include "runtime/core/tensor.h"
+
+namespace mlag {
+
+enum class ReduceOp { kSum, kMax, kMin };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "local", "mpi" or "nccl".
+  virtual absl::string_view backend() const = 0;
+
+  // recv = concat over ranks of send, in rank order. send: any contiguous
+  // tensor; recv: contiguous, size() times as many elements, same dtype.
+  virtual absl::Status AllGather(Stream& stream, const Tensor& send, const Tensor& recv) = 0;
+
+  // recv = this rank's slice of the element-wise sum over ranks of send.
+  // send: contiguous, size() * recv.numel() elements (rank r's slice is
+  // elements [r * n, (r + 1) * n)); f32.
+  virtual absl::Status ReduceScatter(Stream& stream, const Tensor& send, const Tensor& recv) = 0;
+
+  // recv = element-wise op over ranks of send (f32, i32 or i64; may alias).
+  virtual absl::Status AllReduce(Stream& stream, const Tensor& send, const Tensor& recv,
+                                 ReduceOp op) = 0;
+
+  // buffer = root's buffer on every rank.
+  virtual absl::Status Broadcast(Stream& stream, const Tensor& buffer, int root) = 0;
+
+  // Point-to-point: Send to `peer`, which must post the matching Recv.
+  virtual absl::Status Send(Stream& stream, const Tensor& buffer, int peer) = 0;
+  virtual absl::Status Recv(Stream& stream, const Tensor& buffer, int peer) = 0;
+
+  // Blocks until every rank has called it (host-side; no stream).
+  virtual absl::Status Barrier() = 0;
+
+  // Host-side all-reduce of one integer, for control decisions such as the
+  // padded batch size of a step (no stream, no graph node).
+  virtual absl::StatusOr<int64_t> AllReduceScalar(int64_t value, ReduceOp op) = 0;
+
+  // Collective over this communicator: ranks passing the same color >= 0
+  // form a new communicator, ordered by (key, old rank). A rank passing a
+  // negative color gets nullptr (it joins no group). The new communicator
+  // is independent of this one, which stays valid.
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) = 0;
+};
+
+}  // namespace mlag

@@ -1,0 +1,256 @@
+#include "comm/mpi_communicator.h"
+
+// The C API only: the deprecated C++ bindings are not used and do not
+// compile cleanly with -Wextra.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "comm/check.h"
+#include "runtime/core/status.h"
+
+namespace mlag {
+namespace {
+
+namespace ci = comm_internal;
+
+absl::Status MpiStatus(int code, const char* call) {
+  if (code == MPI_SUCCESS) return absl::OkStatus();
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = 0;
+  return absl::InternalError(absl::StrCat(call, " failed with MPI error ", code, ": ",
+                                          absl::string_view(text, static_cast<size_t>(length))));
+}
+
+// Calls an MPI function and returns a Status naming it on failure.
+#define MLAG_MPI_CALL(fn, ...) MLAG_RETURN_IF_ERROR(MpiStatus(fn(__VA_ARGS__), #fn))
+
+// Finalises MPI at exit when World() initialised it and Finalize() was not
+// called.
+struct AutoFinalize {
+  bool armed = false;
+  ~AutoFinalize() {
+    if (armed) (void)MpiCommunicator::Finalize();
+  }
+};
+AutoFinalize& Finalizer() {
+  static AutoFinalize finalizer;
+  return finalizer;
+}
+
+bool MpiFinalized() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  return finalized != 0;
+}
+
+MPI_Datatype MpiType(DType dtype) {
+  switch (dtype) {
+    case DType::kI32: return MPI_INT32_T;
+    case DType::kI64: return MPI_INT64_T;
+    default: return MPI_FLOAT;  // f32; the other dtypes are rejected at launch
+  }
+}
+
+MPI_Op MpiOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return MPI_SUM;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kMin: return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+// MPI counts are int.
+absl::Status CheckCount(absl::string_view op, size_t count) {
+  if (count <= static_cast<size_t>(INT_MAX)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": ", count, " elements exceed MPI's int count limit"));
+}
+
+}  // namespace
+
+struct MpiCommunicator::Handle {
+  MPI_Comm comm = MPI_COMM_NULL;
+  ~Handle() {
+    // MPI_Comm_free after MPI_Finalize is erroneous: then there is nothing to free.
+    if (comm != MPI_COMM_NULL && !MpiFinalized()) MPI_Comm_free(&comm);
+  }
+};
+
+MpiCommunicator::MpiCommunicator(std::shared_ptr<Handle> handle, int rank, int size)
+    : handle_(std::move(handle)), rank_(rank), size_(size) {}
+
+MpiCommunicator::~MpiCommunicator() = default;
+
+bool MpiCommunicator::LaunchedByMpirun() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr ||
+         std::getenv("PMIX_RANK") != nullptr;
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::World() {
+  int initialized = 0;
+  MLAG_MPI_CALL(MPI_Initialized, &initialized);
+  if (MpiFinalized()) {
+    return absl::FailedPreconditionError("MpiCommunicator::World: MPI is already finalised");
+  }
+  if (!initialized) {
+    int provided = 0;
+    MLAG_MPI_CALL(MPI_Init_thread, nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    Finalizer().armed = true;
+    // MPI is ours: report errors on the world instead of aborting the job.
+    MLAG_MPI_CALL(MPI_Comm_set_errhandler, MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  }
+  auto handle = std::make_shared<Handle>();
+  MLAG_MPI_CALL(MPI_Comm_dup, MPI_COMM_WORLD, &handle->comm);
+  MLAG_MPI_CALL(MPI_Comm_set_errhandler, handle->comm, MPI_ERRORS_RETURN);
+  int rank = 0;
+  int size = 0;
+  MLAG_MPI_CALL(MPI_Comm_rank, handle->comm, &rank);
+  MLAG_MPI_CALL(MPI_Comm_size, handle->comm, &size);
+  return std::unique_ptr<Communicator>(new MpiCommunicator(std::move(handle), rank, size));
+}
+
+absl::Status MpiCommunicator::Finalize() {
+  Finalizer().armed = false;
+  int initialized = 0;
+  MLAG_MPI_CALL(MPI_Initialized, &initialized);
+  if (!initialized || MpiFinalized()) return absl::OkStatus();
+  MLAG_RETURN_IF_ERROR(MpiStatus(MPI_Finalize(), "MPI_Finalize"));
+  return absl::OkStatus();
+}
+
+absl::Status MpiCommunicator::AllGather(Stream& stream, const Tensor& send, const Tensor& recv) {
+  MLAG_RETURN_IF_ERROR(ci::CheckHostStream("mpi", ci::kAllGatherName, stream));
+  MLAG_RETURN_IF_ERROR(ci::CheckAllGather(ci::kAllGatherName, stream, send, recv, rank_, size_));
+  MLAG_RETURN_IF_ERROR(CheckCount(ci::kAllGatherName, send.nbytes()));
+  // In place when send is this rank's slot of recv (MPI forbids aliasing otherwise).
+  const bool in_place = send.nbytes() > 0 && ci::Overlaps(send, recv);
+  return stream.LaunchHost(ci::kAllGatherName, OpKind::kComm,
+                           [handle = handle_, send, recv, in_place]() -> absl::Status {
+    const int bytes = static_cast<int>(send.nbytes());
+    MLAG_MPI_CALL(MPI_Allgather, in_place ? MPI_IN_PLACE : send.data(), bytes, MPI_BYTE,
+                  recv.data(), bytes, MPI_BYTE, handle->comm);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status MpiCommunicator::ReduceScatter(Stream& stream, const Tensor& send,
+                                            const Tensor& recv) {
+  MLAG_RETURN_IF_ERROR(ci::CheckHostStream("mpi", ci::kReduceScatterName, stream));
+  MLAG_RETURN_IF_ERROR(
+      ci::CheckReduceScatter(ci::kReduceScatterName, stream, send, recv, rank_, size_));
+  MLAG_RETURN_IF_ERROR(CheckCount(ci::kReduceScatterName, static_cast<size_t>(recv.numel())));
+  // MPI's in-place reduce-scatter takes its input from recv, which here is
+  // only this rank's slice: when recv lies inside send, reduce into scratch.
+  std::shared_ptr<std::vector<unsigned char>> scratch;
+  if (ci::Overlaps(send, recv)) {
+    scratch = std::make_shared<std::vector<unsigned char>>(recv.nbytes());
+  }
+  return stream.LaunchHost(ci::kReduceScatterName, OpKind::kComm,
+                           [handle = handle_, send, recv, scratch]() -> absl::Status {
+    void* out = scratch ? static_cast<void*>(scratch->data()) : recv.data();
+    MLAG_MPI_CALL(MPI_Reduce_scatter_block, send.data(), out, static_cast<int>(recv.numel()),
+                  MpiType(recv.dtype()), MPI_SUM, handle->comm);
+    if (scratch) std::memcpy(recv.data(), out, recv.nbytes());
+    return absl::OkStatus();
+  });
+}
+
+absl::Status MpiCommunicator::AllReduce(Stream& stream, const Tensor& send, const Tensor& recv,
+                                        ReduceOp op) {
+  MLAG_RETURN_IF_ERROR(ci::CheckHostStream("mpi", ci::kAllReduceName, stream));
+  MLAG_RETURN_IF_ERROR(ci::CheckAllReduce(ci::kAllReduceName, stream, send, recv));
+  MLAG_RETURN_IF_ERROR(CheckCount(ci::kAllReduceName, static_cast<size_t>(recv.numel())));
+  const bool in_place = send.data() == recv.data();
+  return stream.LaunchHost(ci::kAllReduceName, OpKind::kComm,
+                           [handle = handle_, send, recv, op, in_place]() -> absl::Status {
+    MLAG_MPI_CALL(MPI_Allreduce, in_place ? MPI_IN_PLACE : send.data(), recv.data(),
+                  static_cast<int>(recv.numel()), MpiType(recv.dtype()), MpiOp(op),
+                  handle->comm);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status MpiCommunicator::Broadcast(Stream& stream, const Tensor& buffer, int root) {
+  MLAG_RETURN_IF_ERROR(ci::CheckHostStream("mpi", ci::kBroadcastName, stream));
+  MLAG_RETURN_IF_ERROR(ci::CheckBroadcast(ci::kBroadcastName, stream, buffer, root, size_));
+  MLAG_RETURN_IF_ERROR(CheckCount(ci::kBroadcastName, buffer.nbytes()));
+  return stream.LaunchHost(ci::kBroadcastName, OpKind::kComm,
+                           [handle = handle_, buffer, root]() -> absl::Status {
+    MLAG_MPI_CALL(MPI_Bcast, buffer.data(), static_cast<int>(buffer.nbytes()), MPI_BYTE, root,
+                  handle->comm);
+    return absl::OkStatus();
+  });
+}
+
+namespace {
+constexpr int kPointToPointTag = 0;  // the communicator is private: one tag is enough
+}  // namespace
+
+absl::Status MpiCommunicator::Send(Stream& stream, const Tensor& buffer, int peer) {
+  MLAG_RETURN_IF_ERROR(ci::CheckHostStream("mpi", ci::kSendName, stream));
+  MLAG_RETURN_IF_ERROR(ci::CheckPeer(ci::kSendName, stream, buffer, peer, size_));
+  MLAG_RETURN_IF_ERROR(CheckCount(ci::kSendName, buffer.nbytes()));
+  return stream.LaunchHost(ci::kSendName, OpKind::kComm,
+                           [handle = handle_, buffer, peer]() -> absl::Status {
+    MLAG_MPI_CALL(MPI_Send, buffer.data(), static_cast<int>(buffer.nbytes()), MPI_BYTE, peer,
+                  kPointToPointTag, handle->comm);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status MpiCommunicator::Recv(Stream& stream, const Tensor& buffer, int peer) {
+  MLAG_RETURN_IF_ERROR(ci::CheckHostStream("mpi", ci::kRecvName, stream));
+  MLAG_RETURN_IF_ERROR(ci::CheckPeer(ci::kRecvName, stream, buffer, peer, size_));
+  MLAG_RETURN_IF_ERROR(CheckCount(ci::kRecvName, buffer.nbytes()));
+  return stream.LaunchHost(ci::kRecvName, OpKind::kComm,
+                           [handle = handle_, buffer, peer]() -> absl::Status {
+    MPI_Status status;
+    MLAG_MPI_CALL(MPI_Recv, buffer.data(), static_cast<int>(buffer.nbytes()), MPI_BYTE, peer,
+                  kPointToPointTag, handle->comm, &status);
+    int received = 0;
+    MLAG_MPI_CALL(MPI_Get_count, &status, MPI_BYTE, &received);
+    if (static_cast<size_t>(received) != buffer.nbytes()) {
+      return absl::InvalidArgumentError(absl::StrCat("mpi recv from rank ", peer, ": got ",
+                                                     received, " bytes, expected ",
+                                                     buffer.nbytes()));
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status MpiCommunicator::Barrier() {
+  MLAG_MPI_CALL(MPI_Barrier, handle_->comm);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> MpiCommunicator::AllReduceScalar(int64_t value, ReduceOp op) {
+  int64_t result = 0;
+  MLAG_MPI_CALL(MPI_Allreduce, &value, &result, 1, MPI_INT64_T, MpiOp(op), handle_->comm);
+  return result;
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Split(int color, int key) {
+  auto handle = std::make_shared<Handle>();
+  // MPI_Comm_split orders the new ranks by (key, old rank), as the interface asks.
+  MLAG_MPI_CALL(MPI_Comm_split, handle_->comm, color < 0 ? MPI_UNDEFINED : color, key,
+                &handle->comm);
+  if (handle->comm == MPI_COMM_NULL) return std::unique_ptr<Communicator>();
+  MLAG_MPI_CALL(MPI_Comm_set_errhandler, handle->comm, MPI_ERRORS_RETURN);
+  int rank = 0;
+  int size = 0;
+  MLAG_MPI_CALL(MPI_Comm_rank, handle->comm, &rank);
+  MLAG_MPI_CALL(MPI_Comm_size, handle->comm, &size);
+  return std::unique_ptr<Communicator>(new MpiCommunicator(std::move(handle), rank, size));
+}
+
+}  // namespace mlag

@@ -1,0 +1,117 @@
+// Expert parallelism across ranks: data-parallel attention (each rank has its
+// own requests, KV cache and prefix cache), expert-parallel MoE (each rank
+// holds a share of the routed experts), lockstep steps, and live
+// reconfiguration of the group from N to M ranks.
+//
+// The largest world is launched once; the active group is a Split of it, so
+// scaling down and back up are both re-splits. A reconfiguration runs at a
+// step boundary, on every rank of the world:
+//   checksum      KV checksum of the whole pool on every surviving rank
+//   save_metadata save the static attention metadata, fill it with dummies
+//   split         world.Split: ranks [0, M) form the new group
+//   migrate       move routed experts to their new owners over the world
+//                 (unchanged experts stay; local copies where possible)
+//   requeue       a leaving rank's unfinished requests go to the new group's
+//                 ranks, which recompute their KV and keep their tokens
+//   recapture     drop every graph, capture again with dummy runs (lockstep)
+//   restore       restore the saved metadata
+//   verify        checksum again: kv_pages_unchanged when every surviving
+//                 rank's pool is bit-for-bit what it was
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "comm/communicator.h"
+#include "comm/expert_placement.h"
+#include "runtime/engine.h"
+
+namespace mlag {
+
+struct ReconfigureAt {
+  int step = 0;  // before driver step `step` (0-based)
+  int size = 0;  // new group size, in [1, world]
+};
+
+struct EpOptions {
+  int world = 1;                          // ranks launched: the largest group
+  std::vector<ReconfigureAt> reconfigure;  // in step order
+};
+
+// Parses "STEP:SIZE".
+absl::StatusOr<ReconfigureAt> ParseReconfigureAt(absl::string_view text);
+
+struct ReconfigurationReport {
+  int step = 0, from = 0, to = 0;
+  std::vector<std::pair<std::string, double>> seconds;  // phase -> seconds, in order
+  bool kv_pages_unchanged = false;
+  // Prefix-cache hits summed over the world when the reconfiguration began.
+  int64_t prefix_hit_tokens_before = 0;
+};
+
+struct EpRequestResult {
+  RequestId id = 0;
+  int prompt_tokens = 0;
+  std::vector<int32_t> output_tokens;
+  FinishReason finish_reason = FinishReason::kNone;
+  std::vector<std::vector<TokenLogprob>> logprobs;
+};
+
+struct EpRunResult {
+  std::vector<EpRequestResult> requests;  // by id
+  std::vector<ReconfigurationReport> reconfigurations;
+  int64_t driver_steps = 0;
+  // Summed over ranks.
+  int64_t engine_steps = 0, eager_steps = 0, dummy_steps = 0, preemptions = 0;
+  std::map<int, int64_t> graph_replays;
+  int64_t prefix_hit_tokens = 0, prefix_queried_tokens = 0;
+  double capture_seconds = 0.0;  // the initial capture, slowest rank
+};
+
+// One rank of an expert-parallel world.
+class EpRank {
+ public:
+  // Builds this rank's engine (its share of the experts under the even
+  // placement over the whole world) and captures its graphs in lockstep with
+  // the other ranks. `world` must outlive the EpRank.
+  static absl::StatusOr<std::unique_ptr<EpRank>> Create(Communicator* world,
+                                                        const EngineOptions& options,
+                                                        const EpOptions& ep);
+
+  // Runs `requests` (request i, with id i, on rank i % world) to completion
+  // in lockstep with every other rank, applying the reconfigurations of the
+  // EpOptions. Every rank returns the same gathered result.
+  absl::StatusOr<EpRunResult> Run(const std::vector<RequestSpec>& requests);
+
+  // Reconfigures the active group to `new_size` ranks (collective over the
+  // world). `step` is recorded in the report.
+  absl::StatusOr<ReconfigurationReport> Reconfigure(int step, int new_size);
+
+  Engine& engine() { return *engine_; }
+  int active_size() const { return active_; }
+  const ExpertPlacement& placement() const { return placement_; }
+
+ private:
+  EpRank() = default;
+  // Every rank's `mine`, on every rank (control-plane exchange over host memory).
+  absl::StatusOr<std::vector<std::vector<int64_t>>> ExchangeAll(const std::vector<int64_t>& mine);
+
+  Communicator* world_ = nullptr;
+  std::unique_ptr<Communicator> group_;  // null while this rank is outside the group
+  EpOptions ep_;
+  int active_ = 0;
+  ExpertPlacement placement_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Device> host_device_;
+  std::unique_ptr<Stream> host_stream_;  // control-plane collectives
+};
+
+// Runs `ep.world` thread ranks of the local backend in this process.
+absl::StatusOr<EpRunResult> RunLocalExpertParallel(const EngineOptions& options,
+                                                   const EpOptions& ep,
+                                                   const std::vector<RequestSpec>& requests);
+
+}  // namespace mlag

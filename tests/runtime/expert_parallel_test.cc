@@ -1,0 +1,214 @@
+// Expert parallelism on the local backend (thread ranks): equivalence with
+// the single-rank engine, live reconfiguration 4 -> 2 -> 3 that leaves every
+// KV page alone, and expert weights after migration equal to a fresh load.
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <thread>
+
+#include "comm/local_communicator.h"
+#include "gtest/gtest.h"
+#include "runtime/builtin_models.h"
+#include "runtime/expert_parallel.h"
+
+namespace mlag {
+namespace {
+
+EngineOptions Options(const std::string& model) {
+  EngineOptions o;
+  o.model = model;
+  o.device = "host";
+  o.block_size = 16;
+  o.max_num_seqs = 4;  // admissions spread over many steps
+  o.max_num_batched_tokens = 128;
+  o.kv_cache_bytes = size_t{8} << 20;
+  return o;
+}
+
+std::vector<RequestSpec> Requests(int n, int vocab, uint32_t seed, int shared_prefix,
+                                  int logprobs) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> tok(0, vocab - 1);
+  std::uniform_int_distribution<int> len(shared_prefix + 3, shared_prefix + 30);
+  std::vector<int32_t> prefix(shared_prefix);
+  for (int32_t& t : prefix) t = tok(rng);
+  std::vector<RequestSpec> specs(n);
+  for (RequestSpec& s : specs) {
+    s.prompt = prefix;
+    const int l = len(rng);
+    while (static_cast<int>(s.prompt.size()) < l) s.prompt.push_back(tok(rng));
+    s.max_tokens = 6 + static_cast<int>(rng() % 10);  // uneven: ranks go idle at different times
+    s.sampling.logprobs = logprobs;
+  }
+  return specs;
+}
+
+// The single-rank reference: the same requests through one Engine.
+EpRunResult RunSingle(const EngineOptions& options, const std::vector<RequestSpec>& specs) {
+  auto engine = Engine::Create(options).value();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    EXPECT_TRUE(engine->AddRequestWithId(specs[i], static_cast<RequestId>(i)).ok());
+  }
+  while (engine->HasUnfinished()) EXPECT_TRUE(engine->Step().ok());
+  EpRunResult r;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const Request* q = engine->request(static_cast<RequestId>(i));
+    EpRequestResult out;
+    out.id = q->id;
+    out.output_tokens = q->output_tokens();
+    out.logprobs = q->logprobs;
+    r.requests.push_back(out);
+  }
+  return r;
+}
+
+// Normwise relative difference between two full log-probability rows.
+double LogprobRelDiff(const std::vector<TokenLogprob>& a, const std::vector<TokenLogprob>& b) {
+  std::vector<double> va(a.size()), vb(b.size());
+  for (const TokenLogprob& t : a) va[t.token] = t.logprob;
+  for (const TokenLogprob& t : b) vb[t.token] = t.logprob;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < va.size(); ++i) {
+    num = std::max(num, std::abs(va[i] - vb[i]));
+    den = std::max(den, std::abs(vb[i]));
+  }
+  return num / std::max(den, 1e-30);
+}
+
+class ExpertParallelTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ExpertParallelTest, SameTokensAndLogitsAsOneRank) {
+  const EngineOptions options = Options(GetParam());
+  const int vocab = BuiltinModelConfig(GetParam()).value().vocab_size;
+  // 7 requests: with 4 ranks, rank 3 gets one and idles for most steps.
+  // Full-vocabulary log-probabilities stand in for the logits (log-softmax
+  // of them): comparing them compares the logits up to the per-row LSE.
+  const std::vector<RequestSpec> specs = Requests(7, vocab, 17, 0, vocab);
+  const EpRunResult single = RunSingle(options, specs);
+  for (int world : {1, 2, 4}) {
+    EpOptions ep;
+    ep.world = world;
+    auto result = RunLocalExpertParallel(options, ep, specs);
+    ASSERT_TRUE(result.ok()) << result.status();
+    ASSERT_EQ(result->requests.size(), specs.size());
+    double worst = 0;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const EpRequestResult& got = result->requests[i];
+      ASSERT_EQ(got.id, static_cast<RequestId>(i));
+      EXPECT_EQ(got.output_tokens, single.requests[i].output_tokens) << "world " << world;
+      ASSERT_EQ(got.logprobs.size(), single.requests[i].logprobs.size());
+      for (size_t t = 0; t < got.logprobs.size(); ++t) {
+        worst = std::max(worst, LogprobRelDiff(got.logprobs[t], single.requests[i].logprobs[t]));
+      }
+    }
+    std::printf("%s ep=%d: max logits rel diff %.3g, %lld dummy steps\n", GetParam().c_str(),
+                world, worst, static_cast<long long>(result->dummy_steps));
+    EXPECT_LT(worst, 1e-5) << "world " << world;
+    if (world == 4) {
+      EXPECT_GT(result->dummy_steps, 0) << "some rank should idle while others work";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyModels, ExpertParallelTest, ::testing::Values("tiny-v3", "tiny-v2"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+TEST(ExpertParallelReconfigureTest, FourToTwoToThreeKeepsTokensAndKvPages) {
+  const EngineOptions options = Options("tiny-v2");
+  const int vocab = BuiltinModelConfig("tiny-v2").value().vocab_size;
+  // A shared 32-token prefix (two full blocks): later admissions hit blocks
+  // cached before the reconfigurations.
+  const std::vector<RequestSpec> specs = Requests(20, vocab, 5, 32, 0);
+  EpOptions plain;
+  plain.world = 4;
+  auto base = RunLocalExpertParallel(options, plain, specs);
+  ASSERT_TRUE(base.ok()) << base.status();
+
+  EpOptions ep = plain;
+  ep.reconfigure = {{4, 2}, {9, 3}};
+  auto result = RunLocalExpertParallel(options, ep, specs);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->reconfigurations.size(), 2u);
+  EXPECT_EQ(result->reconfigurations[0].from, 4);
+  EXPECT_EQ(result->reconfigurations[0].to, 2);
+  EXPECT_EQ(result->reconfigurations[1].to, 3);
+  for (const ReconfigurationReport& r : result->reconfigurations) {
+    EXPECT_TRUE(r.kv_pages_unchanged) << "step " << r.step;
+  }
+  ASSERT_EQ(result->requests.size(), specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    EXPECT_EQ(result->requests[i].output_tokens, base->requests[i].output_tokens) << i;
+    EXPECT_EQ(result->requests[i].output_tokens.size(), static_cast<size_t>(specs[i].max_tokens));
+  }
+  // Prefix-cache entries made before the last reconfiguration still hit.
+  EXPECT_GT(result->prefix_hit_tokens, result->reconfigurations[1].prefix_hit_tokens_before);
+  std::printf("reconfigure 4->2->3: prefix hits %lld (%lld before the second), tokens equal\n",
+              static_cast<long long>(result->prefix_hit_tokens),
+              static_cast<long long>(result->reconfigurations[1].prefix_hit_tokens_before));
+}
+
+TEST(ExpertParallelReconfigureTest, MigratedExpertsEqualAFreshLoad) {
+  const EngineOptions options = Options("tiny-v3");
+  const ModelConfig config = BuiltinModelConfig("tiny-v3").value();
+  EpOptions ep;
+  ep.world = 4;
+  auto comms = LocalCommunicator::CreateGroup(4);
+  std::vector<absl::Status> status(4);
+  std::vector<std::unique_ptr<EpRank>> ranks(4);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 4; ++r) {
+    threads.emplace_back([&, r] {
+      auto rank = EpRank::Create(comms[r].get(), options, ep);
+      if (!rank.ok()) {
+        status[r] = rank.status();
+        return;
+      }
+      ranks[r] = std::move(*rank);
+      for (int size : {2, 3}) {
+        auto report = ranks[r]->Reconfigure(0, size);
+        if (!report.ok()) {
+          status[r] = report.status();
+          return;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 4; ++r) ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+
+  const ExpertPlacement placement = EvenPlacement(config.n_routed_experts, 3);
+  GeneratedWeights fresh(config);
+  const int64_t D = config.hidden_size, I = config.moe_intermediate_size;
+  std::vector<float> gate(I * D), up(I * D), down(D * I);
+  int checked = 0;
+  for (int r = 0; r < 4; ++r) {
+    DeepseekModel& model = ranks[r]->engine().runner().model();
+    for (int l = 0; l < config.num_hidden_layers; ++l) {
+      const Moe* moe = model.moe(l);
+      if (moe == nullptr) continue;
+      const std::vector<int> expected = r < 3 ? placement.ExpertsOf(r) : std::vector<int>();
+      ASSERT_EQ(moe->local_experts(), expected) << "rank " << r << " layer " << l;
+      for (size_t slot = 0; slot < expected.size(); ++slot) {
+        const std::string p = "model.layers." + std::to_string(l) + ".mlp.experts." +
+                              std::to_string(expected[slot]) + ".";
+        ASSERT_TRUE(fresh.ReadF32(p + "gate_proj.weight", {I, D}, gate.data()).ok());
+        ASSERT_TRUE(fresh.ReadF32(p + "up_proj.weight", {I, D}, up.data()).ok());
+        ASSERT_TRUE(fresh.ReadF32(p + "down_proj.weight", {D, I}, down.data()).ok());
+        const float* gu = moe->expert_gate_up(static_cast<int>(slot)).data_as<float>();
+        const float* dn = moe->expert_down(static_cast<int>(slot)).data_as<float>();
+        EXPECT_EQ(std::memcmp(gu, gate.data(), gate.size() * 4), 0);
+        EXPECT_EQ(std::memcmp(gu + I * D, up.data(), up.size() * 4), 0);
+        EXPECT_EQ(std::memcmp(dn, down.data(), down.size() * 4), 0);
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, config.n_routed_experts * 3);  // 3 MoE layers, every expert once
+}
+
+}  // namespace
+}  // namespace mlag
