@@ -60,7 +60,9 @@ struct OpDesc {
     if (op == Op::kBarrier || op == Op::kSplit) return s;
     if (op == Op::kScalar) return absl::StrCat(s, " ", ReduceOpName(reduce));
     absl::StrAppend(&s, " of ", bytes, " bytes ", DTypeName(dtype));
-    if (op == Op::kAllReduce || op == Op::kReduceScatter) absl::StrAppend(&s, " ", ReduceOpName(reduce));
+    if (op == Op::kAllReduce || op == Op::kReduceScatter) {
+      absl::StrAppend(&s, " ", ReduceOpName(reduce));
+    }
     if (op == Op::kBroadcast) absl::StrAppend(&s, " from root ", root);
     return s;
   }
@@ -103,7 +105,6 @@ class LocalGroup {
 
   int size() const { return size_; }
   absl::Duration timeout() const { return timeout_; }
-  const std::vector<Slot>& slots() const { return slots_; }
   Mailbox& mailbox(int src, int dst) { return *mailboxes_[static_cast<size_t>(src) * size_ + dst]; }
 
   // Runs one collective of the two-barrier protocol: post `mine`, wait for
@@ -115,10 +116,10 @@ class LocalGroup {
     const char* name = OpName(mine.desc.op);
     MLAG_RETURN_IF_ERROR(CheckUsable(rank, name));
     slots_[rank] = mine;
-    MLAG_RETURN_IF_ERROR(Arrive(rank, name, /*exit=*/false));
+    MLAG_RETURN_IF_ERROR(Arrive(rank, name, /*inside=*/false));
     absl::Status agree = CheckAgree(name);
     if (agree.ok()) read(slots_);
-    MLAG_RETURN_IF_ERROR(Arrive(rank, name, /*exit=*/true));
+    MLAG_RETURN_IF_ERROR(Arrive(rank, name, /*inside=*/true));
     if (!agree.ok()) return agree;
     finish();
     return absl::OkStatus();
@@ -137,7 +138,7 @@ class LocalGroup {
     mine.color = color;
     mine.key = key;
     slots_[rank] = mine;
-    MLAG_RETURN_IF_ERROR(Arrive(rank, name, /*exit=*/false));
+    MLAG_RETURN_IF_ERROR(Arrive(rank, name, /*inside=*/false));
     absl::Status agree = CheckAgree(name);
     std::vector<int> members;  // old ranks of my color, in new-rank order
     if (agree.ok() && color >= 0) {
@@ -153,7 +154,7 @@ class LocalGroup {
       }
     }
     // All ranks agree on `agree`, so all take the same barriers.
-    if (agree.ok()) MLAG_RETURN_IF_ERROR(Arrive(rank, name, /*exit=*/false));
+    if (agree.ok()) MLAG_RETURN_IF_ERROR(Arrive(rank, name, /*inside=*/true));
     std::shared_ptr<LocalGroup> group;
     int new_rank = -1;
     if (agree.ok() && color >= 0) {
@@ -161,7 +162,7 @@ class LocalGroup {
       new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank) -
                                   members.begin());
     }
-    MLAG_RETURN_IF_ERROR(Arrive(rank, name, /*exit=*/true));
+    MLAG_RETURN_IF_ERROR(Arrive(rank, name, /*inside=*/true));
     slots_[rank].new_group.reset();  // the leader's reference; peers hold their own now
     if (!agree.ok()) return agree;
     return std::make_pair(std::move(group), new_rank);
@@ -176,12 +177,12 @@ class LocalGroup {
         "): the group is unusable after a rank timed out in the middle of a collective"));
   }
 
-  // The reusable barrier. A rank that times out at the entry barrier
-  // withdraws its arrival (under the lock, so either the barrier completed
-  // or it did not), which leaves the group usable; a timeout at the exit
-  // barrier means a peer is stuck inside a collective, so the group is
-  // marked unusable.
-  absl::Status Arrive(int rank, const char* name, bool exit) {
+  // The reusable barrier. A rank that times out withdraws its arrival
+  // (under the lock, so either the barrier completed or it did not). At the
+  // entry barrier that leaves the group usable; at a later barrier (`inside`
+  // a collective) a peer is stuck mid-collective, so the group is marked
+  // unusable.
+  absl::Status Arrive(int rank, const char* name, bool inside) {
     absl::MutexLock lock(&mu_);
     const uint64_t generation = generation_;
     if (++arrived_ == size_) {
@@ -195,7 +196,7 @@ class LocalGroup {
       if (cv_.WaitWithDeadline(&mu_, deadline) && generation_ == generation) {
         const int waiting_for = size_ - arrived_;
         --arrived_;
-        if (exit) broken_ = true;
+        if (inside) broken_ = true;
         return absl::DeadlineExceededError(absl::StrCat(
             "local ", name, " (rank ", rank, " of ", size_, "): waited ",
             absl::FormatDuration(timeout_), " for ", waiting_for,
@@ -232,14 +233,15 @@ class LocalGroup {
 
 namespace {
 
-// out[i] = in[0][i] op in[1][i] op ... in rank order. Blocked, so `out` may
-// be exactly one of the inputs (every input element is read before the
-// output element is written).
 // The accumulator type: integer sums wrap (unsigned) instead of overflowing.
 template <typename T, bool = std::is_integral<T>::value>
 struct AccOf { using type = T; };
 template <typename T>
 struct AccOf<T, true> { using type = std::make_unsigned_t<T>; };
+
+// out[i] = in[0][i] op in[1][i] op ... in rank order. Blocked, so `out` may
+// be exactly one of the inputs (every input element is read before the
+// output element is written).
 
 template <typename T>
 void ReduceTyped(void* out_v, const std::vector<const void*>& in_v, int64_t n, ReduceOp op) {
@@ -347,7 +349,9 @@ absl::Status LocalCommunicator::AllGather(Stream& stream, const Tensor& send, co
         rank, mine,
         [&](const std::vector<Slot>& slots) {
           auto* out = static_cast<unsigned char*>(recv.data());
-          for (size_t p = 0; p < slots.size(); ++p) CopyBytes(out + p * bytes, slots[p].send, bytes);
+          for (size_t p = 0; p < slots.size(); ++p) {
+            CopyBytes(out + p * bytes, slots[p].send, bytes);
+          }
         },
         [] {});
   });
@@ -508,7 +512,9 @@ absl::StatusOr<int64_t> LocalCommunicator::AllReduceScalar(int64_t value, Reduce
       rank_, mine,
       [&](const std::vector<Slot>& slots) {
         result = slots[0].scalar;
-        for (size_t p = 1; p < slots.size(); ++p) result = ReduceScalar(result, slots[p].scalar, op);
+        for (size_t p = 1; p < slots.size(); ++p) {
+          result = ReduceScalar(result, slots[p].scalar, op);
+        }
       },
       [] {}));
   return result;

@@ -107,6 +107,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Wrap(ncclComm_t 
   MLAG_RETURN_IF_ERROR(scoped.Enter(device));
   MLAG_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&handle->stream, cudaStreamNonBlocking));
   MLAG_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&handle->scalar), sizeof(int64_t)));
+  MLAG_CUDA_RETURN_IF_ERROR(cudaMemset(handle->scalar, 0, sizeof(int64_t)));
   int rank = 0;
   int size = 0;
   MLAG_NCCL_CALL(ncclCommUserRank, comm, &rank);

@@ -72,7 +72,8 @@ inline uint64_t Mix(uint64_t x) {  // splitmix64
 // f32, k for integers, with k in [-64, 64] and never 0.
 template <typename T>
 T Value(uint64_t seed, int rank, int64_t i) {
-  const uint64_t h = Mix(Mix(seed) ^ (static_cast<uint64_t>(rank) << 40) ^ static_cast<uint64_t>(i));
+  const uint64_t h =
+      Mix(Mix(seed) ^ (static_cast<uint64_t>(rank) << 40) ^ static_cast<uint64_t>(i));
   int64_t k = static_cast<int64_t>(h % 128) - 64;
   if (k >= 0) ++k;
   if (std::is_floating_point<T>::value) return static_cast<T>(static_cast<double>(k) / 8.0);
@@ -184,7 +185,9 @@ void CheckReduceScatterOf(Communicator& comm, Stream& stream, CheckLog& log, int
   std::vector<T> want(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     T acc = Value<T>(seed, 0, rank * n + i);
-    for (int p = 1; p < size; ++p) acc = Combine(acc, Value<T>(seed, p, rank * n + i), ReduceOp::kSum);
+    for (int p = 1; p < size; ++p) {
+      acc = Combine(acc, Value<T>(seed, p, rank * n + i), ReduceOp::kSum);
+    }
     want[i] = acc;
   }
   ExpectEqual(log, what, got, want);

@@ -208,7 +208,9 @@ TEST(LocalCommunicatorTest, RejectsBadArguments) {
   std::vector<float> a(8), b(8), c16(16);
   std::vector<uint16_t> half(8);
   Tensor bf16(half.data(), DType::kBF16, {8});
-  auto invalid = [](const absl::Status& st) { return st.code() == absl::StatusCode::kInvalidArgument; };
+  auto invalid = [](const absl::Status& st) {
+    return st.code() == absl::StatusCode::kInvalidArgument;
+  };
 
   EXPECT_TRUE(invalid(c.AllGather(stream, View(a), View(b)))) << "recv must be size * send";
   EXPECT_TRUE(invalid(c.ReduceScatter(stream, View(a), View(b)))) << "send must be size * recv";

@@ -208,6 +208,24 @@ TEST(ExpertParallelReconfigureTest, MigratedExpertsEqualAFreshLoad) {
     }
   }
   EXPECT_EQ(checked, config.n_routed_experts * 3);  // 3 MoE layers, every expert once
+
+  // The re-captured graphs of a group rank hold the MoE collectives as comm
+  // nodes around the experts.
+  ModelRunner& runner = ranks[0]->engine().runner();
+  ASSERT_GT(runner.num_graphs(), 0);
+  const Graph* g = runner.graph(runner.capture_sizes().front());
+  ASSERT_NE(g, nullptr);
+  const auto& nodes = g->nodes();
+  auto at = std::find_if(nodes.begin(), nodes.end(),
+                         [](const GraphNode& n) { return n.name == "layers.1.moe.dispatch"; });
+  ASSERT_NE(at, nodes.end());
+  ASSERT_LT(at + 2, nodes.end());
+  EXPECT_EQ(at->kind, OpKind::kComm);
+  EXPECT_EQ((at + 1)->name, "layers.1.moe.experts");
+  EXPECT_EQ((at + 2)->name, "layers.1.moe.combine");
+  EXPECT_EQ((at + 2)->kind, OpKind::kComm);
+  // The rank outside the group holds no graphs.
+  EXPECT_EQ(ranks[3]->engine().runner().num_graphs(), 0);
 }
 
 }  // namespace
