@@ -62,6 +62,7 @@ struct EngineFlags {
   int block_size = 64;
   int max_model_len = 0;
   bool no_prefix_caching = false;
+  std::string kv_cache_dtype = "auto";
 
   void Register(CLI::App* app) {
     app->add_option("--model", model, "built-in model (tiny-v3, tiny-v2, small) or directory")
@@ -75,6 +76,8 @@ struct EngineFlags {
     app->add_option("--block-size", block_size, "tokens per KV block");
     app->add_option("--max-model-len", max_model_len, "longest sequence (0: model default)");
     app->add_flag("--no-prefix-caching", no_prefix_caching, "disable prefix caching");
+    app->add_option("--kv-cache-dtype", kv_cache_dtype,
+                    "auto (bf16 on CUDA, f32 on the host), f32 or bf16");
   }
 
   absl::StatusOr<EngineOptions> ToOptions() const {
@@ -98,6 +101,7 @@ struct EngineFlags {
     o.block_size = block_size;
     o.max_model_len = max_model_len;
     o.enable_prefix_caching = !no_prefix_caching;
+    o.kv_cache_dtype = kv_cache_dtype;
     return o;
   }
 };

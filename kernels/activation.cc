@@ -3,7 +3,14 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/check.h"
 #include "kernels/host/activation.h"
+#include "mlag_config.h"
 #include "runtime/core/status.h"
+
+#if MLAG_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/activation.cuh"
+#endif
 
 namespace mlag {
 
@@ -20,7 +27,16 @@ absl::Status SiluAndMul(Stream& stream, const Tensor& gate_up, const Tensor& out
   MLAG_RETURN_IF_ERROR(CheckShape(out, "out", {gate_up.size(0), gate_up.size(1) / 2}));
   MLAG_RETURN_IF_ERROR(CheckRowMajor(gate_up, "gate_up"));
   MLAG_RETURN_IF_ERROR(CheckRowMajor(out, "out"));
-  if (stream.is_cuda()) return absl::UnimplementedError("silu_and_mul: no CUDA kernel yet");
+  if (stream.is_cuda()) {
+#if MLAG_HAVE_CUDA
+    return stream.LaunchCuda("silu_and_mul", OpKind::kKernel, [&](void* s) {
+      return static_cast<int>(cuda::LaunchSiluAndMul(
+          gate_up.data(), static_cast<int>(gate_up.dtype()), gate_up.stride(0), out.data(),
+          static_cast<int>(out.dtype()), out.stride(0), out.size(0), out.size(1),
+          static_cast<cudaStream_t>(s)));
+    });
+#endif
+  }
   return stream.LaunchHost("silu_and_mul", OpKind::kKernel, [gate_up, out] {
     host::SiluAndMul(gate_up, out);
     return absl::OkStatus();

@@ -3,7 +3,14 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/check.h"
 #include "kernels/host/embedding.h"
+#include "mlag_config.h"
 #include "runtime/core/status.h"
+
+#if MLAG_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/embedding.cuh"
+#endif
 
 namespace mlag {
 namespace {
@@ -27,7 +34,15 @@ absl::Status LaunchGatherRows(Stream& stream, absl::string_view name,
   MLAG_RETURN_IF_ERROR(CheckRowMajor(table, "table"));
   MLAG_RETURN_IF_ERROR(CheckRowMajor(out, "out"));
   if (stream.is_cuda()) {
-    return absl::UnimplementedError(absl::StrCat(name, ": no CUDA kernel yet"));
+#if MLAG_HAVE_CUDA
+    return stream.LaunchCuda(name, OpKind::kKernel, [&](void* s) {
+      return static_cast<int>(cuda::LaunchGatherRows(
+          indices.data(), indices.dtype() == DType::kI64, indices.stride(0), table.data(),
+          static_cast<int>(table.dtype()), table.size(0), table.stride(0), out.data(),
+          static_cast<int>(out.dtype()), out.stride(0), out.size(0), out.size(1),
+          static_cast<cudaStream_t>(s)));
+    });
+#endif
   }
   return stream.LaunchHost(name, OpKind::kKernel, [indices, table, out] {
     host::GatherRows(indices, table, out);

@@ -8,7 +8,12 @@
 #include "absl/strings/str_join.h"
 #include "kernels/check.h"
 #include "kernels/host/linear.h"
+#include "mlag_config.h"
 #include "runtime/core/status.h"
+
+#if MLAG_HAVE_CUDA
+#include "kernels/cuda_blas.h"
+#endif
 
 namespace mlag {
 namespace {
@@ -90,7 +95,12 @@ absl::Status Linear(Stream& stream, const Tensor& x, const Tensor& weight, const
   if (y.data() == x.data() && y.numel() > 0) {
     return absl::InvalidArgumentError("y: must not alias x (BLAS cannot work in place)");
   }
-  if (stream.is_cuda()) return absl::UnimplementedError("linear: no CUDA kernel yet");
+  if (stream.is_cuda()) {
+#if MLAG_HAVE_CUDA
+    // cuBLASLt; see kernels/cuda_blas.h for the warm-up-before-capture rule.
+    return cuda_blas::Linear(stream, x, weight, y);
+#endif
+  }
   return stream.LaunchHost("linear", OpKind::kGemm, [x, weight, y] {
     host::Linear(x, weight, y);
     return absl::OkStatus();
@@ -127,7 +137,11 @@ absl::Status HeadMatmul(Stream& stream, const Tensor& x, const Tensor& weight, b
   if (out.data() == x.data() && out.numel() > 0) {
     return absl::InvalidArgumentError("out: must not alias x (BLAS cannot work in place)");
   }
-  if (stream.is_cuda()) return absl::UnimplementedError("head_matmul: no CUDA kernel yet");
+  if (stream.is_cuda()) {
+#if MLAG_HAVE_CUDA
+    return cuda_blas::HeadMatmul(stream, x, weight, transpose_w, out);
+#endif
+  }
   return stream.LaunchHost("head_matmul", OpKind::kGemm, [x, weight, transpose_w, out] {
     host::HeadMatmul(x, weight, transpose_w, out);
     return absl::OkStatus();

@@ -3,7 +3,14 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/check.h"
 #include "kernels/host/mla_kv_update.h"
+#include "mlag_config.h"
 #include "runtime/core/status.h"
+
+#if MLAG_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/mla_kv_update.cuh"
+#endif
 
 namespace mlag {
 
@@ -37,7 +44,22 @@ absl::Status MlaKvUpdate(Stream& stream, const Tensor& kv_c, const Tensor& k_pe,
   MLAG_RETURN_IF_ERROR(CheckRowMajor(kv_c, "kv_c"));
   MLAG_RETURN_IF_ERROR(CheckRowMajor(k_pe, "k_pe"));
   MLAG_RETURN_IF_ERROR(CheckContiguous(cache, "cache"));
-  if (stream.is_cuda()) return absl::UnimplementedError("mla_kv_update: no CUDA kernel yet");
+#if MLAG_HAVE_CUDA
+  if (stream.is_cuda()) {
+    if (num_tokens > 0x7fffffff || rkv + dr > 0x7fffffff) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mla_kv_update: ", num_tokens, " tokens of width ", rkv + dr,
+                       " exceed the CUDA kernel's 32-bit grid"));
+    }
+    return stream.LaunchCuda("mla_kv_update", OpKind::kKernel, [&](void* s) {
+      return static_cast<int>(cuda::LaunchMlaKvUpdate(
+          kv_c.data(), static_cast<int>(kv_c.dtype()), kv_c.stride(0), k_pe.data(),
+          static_cast<int>(k_pe.dtype()), k_pe.stride(0), slot_mapping.data_as<const int64_t>(),
+          slot_mapping.stride(0), num_tokens, cache.data(), static_cast<int>(cache.dtype()),
+          cache.size(0) * cache.size(1), rkv, dr, static_cast<cudaStream_t>(s)));
+    });
+  }
+#endif
   return stream.LaunchHost("mla_kv_update", OpKind::kKernel, [kv_c, k_pe, slot_mapping, cache] {
     host::MlaKvUpdate(kv_c, k_pe, slot_mapping, cache);
     return absl::OkStatus();

@@ -12,6 +12,10 @@
 // cache[block, offset, Rkv:] = k_pe[t], cast to the cache dtype. A slot at or
 // past num_blocks * block_size is skipped too (never written out of bounds).
 // Nothing else in the cache is touched.
+//
+// CUDA (kernels/cuda/mla_kv_update.cu): one thread block per slot_mapping
+// entry, leaving at once for a skipped slot; 16-byte copies where the rows
+// are aligned for them. The same bytes as the host kernel.
 #pragma once
 
 #include "absl/status/status.h"

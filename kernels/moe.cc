@@ -1,9 +1,20 @@
 #include "kernels/moe.h"
 
+#include <cstdint>
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/check.h"
 #include "kernels/host/moe.h"
+#include "mlag_config.h"
 #include "runtime/core/status.h"
+
+#if MLAG_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/moe.cuh"
+#include "kernels/cuda_blas.h"
+#endif
 
 namespace mlag {
 namespace {
@@ -37,7 +48,115 @@ absl::Status ValidateRoutingParams(const RoutingParams& p) {
   return absl::OkStatus();
 }
 
+#if MLAG_HAVE_CUDA
+constexpr int64_t kCudaIntMax = std::numeric_limits<int>::max();
+
+absl::Status MoeRouteCuda(Stream& stream, const RoutingParams& params, const Tensor& logits,
+                          const Tensor& correction_bias, const Tensor& topk_ids,
+                          const Tensor& topk_weights) {
+  if (params.num_experts > cuda::kMoeRouteMaxExperts) {
+    return absl::UnimplementedError(
+        absl::StrCat("moe_route: the CUDA router handles at most ", cuda::kMoeRouteMaxExperts,
+                     " experts, got ", params.num_experts));
+  }
+  cuda::MoeRouteParams p;
+  p.num_experts = params.num_experts;
+  p.top_k = params.top_k;
+  p.n_group = params.n_group;
+  p.topk_group = params.topk_group;
+  p.sigmoid = params.scoring == ScoringFunc::kSigmoid;
+  switch (params.method) {
+    case TopkMethod::kGreedy: p.method = cuda::kMoeGreedy; break;
+    case TopkMethod::kGroupLimitedGreedy: p.method = cuda::kMoeGroupLimitedGreedy; break;
+    case TopkMethod::kNoauxTc: p.method = cuda::kMoeNoauxTc; break;
+  }
+  p.norm_topk_prob = params.norm_topk_prob;
+  p.routed_scaling_factor = params.routed_scaling_factor;
+  const float* bias =
+      params.method == TopkMethod::kNoauxTc ? correction_bias.data_as<const float>() : nullptr;
+  return stream.LaunchCuda("moe_route", OpKind::kKernel, [&](void* s) {
+    return static_cast<int>(cuda::LaunchMoeRoute(
+        p, logits.data_as<const float>(), logits.stride(0), bias, logits.size(0),
+        topk_ids.data_as<int32_t>(), topk_weights.data_as<float>(), static_cast<cudaStream_t>(s)));
+  });
+}
+
+absl::Status MoeExpertsCuda(Stream& stream, const Tensor& x, const Tensor& topk_ids,
+                            const Tensor& topk_weights, const Tensor& expert_map,
+                            const Tensor& w_gate_up, const Tensor& w_down, const Tensor& out,
+                            const Tensor& workspace) {
+  const int64_t T = x.size(0), D = x.size(1), K = topk_ids.size(1), E = expert_map.size(0);
+  const int64_t L = w_gate_up.size(0), I = w_gate_up.size(1) / 2;
+  if (L > cuda::kMoeMaxLocalExperts) {
+    return absl::UnimplementedError(absl::StrCat("moe_experts: the CUDA kernels handle at most ",
+                                                 cuda::kMoeMaxLocalExperts,
+                                                 " local experts, got ", L));
+  }
+  if (D > cuda::kMoeMaxColumns || I > cuda::kMoeMaxColumns) {
+    return absl::UnimplementedError(absl::StrCat("moe_experts: D=", D, " or I=", I,
+                                                 " exceeds the CUDA limit of ",
+                                                 cuda::kMoeMaxColumns));
+  }
+  if (T > kCudaIntMax || E > kCudaIntMax) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("moe_experts: T=", T, " or E=", E, " exceeds the int range"));
+  }
+  const size_t needed = cuda::MoeExpertsWorkspaceBytes(T, K, D, I, L);
+  void* scratch = nullptr;
+  size_t scratch_bytes = needed;
+  if (workspace.data() != nullptr) {
+    MLAG_RETURN_IF_ERROR(CheckOnStream(stream, workspace, "workspace"));
+    MLAG_RETURN_IF_ERROR(CheckContiguous(workspace, "workspace"));
+    if (workspace.nbytes() < needed) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "workspace: ", workspace.nbytes(), " bytes, moe_experts needs ", needed,
+          " (MoeExpertsWorkspaceBytes(T=", T, ", K=", K, ", D=", D, ", I=", I, ", L=", L, "))"));
+    }
+    if (reinterpret_cast<uintptr_t>(workspace.data()) % 4 != 0) {
+      return absl::InvalidArgumentError("workspace: must be 4-byte aligned");
+    }
+    scratch = workspace.data();
+    scratch_bytes = workspace.nbytes();
+  } else {
+    MLAG_ASSIGN_OR_RETURN(scratch, cuda_blas::Scratch(stream, needed, "moe_experts"));
+  }
+  cuda::MoeExpertsArgs a;
+  a.x = x.data_as<const float>();
+  a.x_ld = x.stride(0);
+  a.topk_ids = topk_ids.data_as<const int32_t>();
+  a.topk_weights = topk_weights.data_as<const float>();
+  a.expert_map = expert_map.data_as<const int32_t>();
+  a.w_gate_up = w_gate_up.data_as<const float>();
+  a.w_down = w_down.data_as<const float>();
+  a.out = out.data_as<float>();
+  a.workspace = scratch;
+  a.workspace_bytes = scratch_bytes;
+  a.T = static_cast<int>(T);
+  a.K = static_cast<int>(K);
+  a.E = static_cast<int>(E);
+  a.L = static_cast<int>(L);
+  a.D = static_cast<int>(D);
+  a.I = static_cast<int>(I);
+  return stream.LaunchCuda("moe_experts", OpKind::kGemm, [&](void* s) {
+    return static_cast<int>(cuda::LaunchMoeExperts(a, static_cast<cudaStream_t>(s)));
+  });
+}
+#endif  // MLAG_HAVE_CUDA
+
 }  // namespace
+
+size_t MoeExpertsWorkspaceBytes(int64_t T, int64_t K, int64_t D, int64_t I, int64_t L) {
+#if MLAG_HAVE_CUDA
+  return cuda::MoeExpertsWorkspaceBytes(T, K, D, I, L);
+#else
+  (void)T;
+  (void)K;
+  (void)D;
+  (void)I;
+  (void)L;
+  return 0;
+#endif
+}
 
 absl::Status MoeRoute(Stream& stream, const RoutingParams& params, const Tensor& logits,
                       const Tensor& correction_bias, const Tensor& topk_ids,
@@ -64,7 +183,11 @@ absl::Status MoeRoute(Stream& stream, const RoutingParams& params, const Tensor&
     MLAG_RETURN_IF_ERROR(CheckShape(correction_bias, "correction_bias", {E}));
     MLAG_RETURN_IF_ERROR(CheckContiguous(correction_bias, "correction_bias"));
   }
-  if (stream.is_cuda()) return absl::UnimplementedError("moe_route: no CUDA kernel yet");
+  if (stream.is_cuda()) {
+#if MLAG_HAVE_CUDA
+    return MoeRouteCuda(stream, params, logits, correction_bias, topk_ids, topk_weights);
+#endif
+  }
   return stream.LaunchHost("moe_route", OpKind::kKernel,
                            [params, logits, correction_bias, topk_ids, topk_weights] {
                              host::MoeRoute(params, logits, correction_bias, topk_ids,
@@ -75,7 +198,8 @@ absl::Status MoeRoute(Stream& stream, const RoutingParams& params, const Tensor&
 
 absl::Status MoeExperts(Stream& stream, const Tensor& x, const Tensor& topk_ids,
                         const Tensor& topk_weights, const Tensor& expert_map,
-                        const Tensor& w_gate_up, const Tensor& w_down, const Tensor& out) {
+                        const Tensor& w_gate_up, const Tensor& w_down, const Tensor& out,
+                        const Tensor& workspace) {
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, x, "x"));
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, topk_ids, "topk_ids"));
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, topk_weights, "topk_weights"));
@@ -119,7 +243,13 @@ absl::Status MoeExperts(Stream& stream, const Tensor& x, const Tensor& topk_ids,
   if (T * K > kIntMax || 2 * I > kIntMax || D > kIntMax) {
     return absl::InvalidArgumentError("moe_experts: dimensions exceed the int range of sgemm");
   }
-  if (stream.is_cuda()) return absl::UnimplementedError("moe_experts: no CUDA kernel yet");
+  if (stream.is_cuda()) {
+#if MLAG_HAVE_CUDA
+    return MoeExpertsCuda(stream, x, topk_ids, topk_weights, expert_map, w_gate_up, w_down, out,
+                          workspace);
+#endif
+  }
+  (void)workspace;  // the host needs no scratch from the caller
   return stream.LaunchHost("moe_experts", OpKind::kGemm,
                            [x, topk_ids, topk_weights, expert_map, w_gate_up, w_down, out] {
                              host::MoeExperts(x, topk_ids, topk_weights, expert_map, w_gate_up,

@@ -1,6 +1,9 @@
 // Mixture-of-experts: routing (SPEC-deepseek §4) and the routed experts.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+
 #include "absl/status/status.h"
 #include "runtime/core/stream.h"
 #include "runtime/core/tensor.h"
@@ -37,6 +40,9 @@ struct RoutingParams {
 // w *= routed_scaling_factor.
 // Ties (equal scores, or equal group scores) go to the lower index. The K
 // outputs of a token are in selection order: best first.
+// CUDA: one warp per token; at most 4096 experts (Unimplemented beyond).
+// Scores may differ from the host's in the last bits (expf, sum order), so
+// ids agree except for scores within rounding of each other.
 absl::Status MoeRoute(Stream& stream, const RoutingParams& params, const Tensor& logits,
                       const Tensor& correction_bias, const Tensor& topk_ids,
                       const Tensor& topk_weights);
@@ -51,8 +57,29 @@ absl::Status MoeRoute(Stream& stream, const RoutingParams& params, const Tensor&
 //   w_down: f32 [L, D, I] contiguous
 //   out: f32 [T, D] contiguous, overwritten (rows with no local expert are 0)
 // Ids outside [0, E) or slots outside [0, L) are ignored.
+//
+// CUDA: counts, offsets and the grouped (token, k) rows are computed on the
+// device, and the expert GEMMs' grids depend only on (T, K, D, I, L), so the
+// launch is graph-capturable and never synchronises. It needs device scratch
+// of MoeExpertsWorkspaceBytes(T, K, D, I, L) bytes:
+//   - `workspace` (optional): a contiguous device tensor of any dtype, 4-byte
+//     aligned, of at least that many bytes, owned by the caller. Size it once
+//     for the largest T (the size grows with T) before any capture and pass
+//     the same memory at every call; it may be reused by other ops between
+//     calls (its contents do not persist), but must not overlap any argument.
+//   - without it (an empty Tensor): a per-stream scratch buffer
+//     (kernels/cuda_blas.h) that grows in eager launches only; a capture whose
+//     shape needs more than the stream ever used eagerly fails with
+//     FailedPrecondition.
+// The host ignores `workspace`.
 absl::Status MoeExperts(Stream& stream, const Tensor& x, const Tensor& topk_ids,
                         const Tensor& topk_weights, const Tensor& expert_map,
-                        const Tensor& w_gate_up, const Tensor& w_down, const Tensor& out);
+                        const Tensor& w_gate_up, const Tensor& w_down, const Tensor& out,
+                        const Tensor& workspace = Tensor());
+
+// Bytes of CUDA scratch MoeExperts needs for T rows of x, K experts per row,
+// hidden size D, expert width I (w_gate_up is [L, 2I, D]) and L local
+// experts; 0 in a build without CUDA. Pure arithmetic, no device needed.
+size_t MoeExpertsWorkspaceBytes(int64_t T, int64_t K, int64_t D, int64_t I, int64_t L);
 
 }  // namespace mlag

@@ -5,7 +5,14 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/check.h"
 #include "kernels/host/rms_norm.h"
+#include "mlag_config.h"
 #include "runtime/core/status.h"
+
+#if MLAG_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/rms_norm.cuh"
+#endif
 
 namespace mlag {
 namespace {
@@ -37,6 +44,11 @@ absl::Status CheckNormArgs(const Stream& stream, const Tensor& in, absl::string_
   return CheckEps(eps);
 }
 
+#if MLAG_HAVE_CUDA
+// dtype code for the CUDA launchers: mlag::DType's underlying value.
+int Code(DType d) { return static_cast<int>(d); }
+#endif
+
 // y may be the very tensor `x` (each row is read before it is written) but
 // not the same memory under another dtype or row stride.
 absl::Status CheckInPlace(const Tensor& x, const Tensor& y) {
@@ -54,7 +66,15 @@ absl::Status RmsNorm(Stream& stream, const Tensor& x, const Tensor& weight, floa
                      const Tensor& y) {
   MLAG_RETURN_IF_ERROR(CheckNormArgs(stream, x, "x", weight, eps, y));
   MLAG_RETURN_IF_ERROR(CheckInPlace(x, y));
-  if (stream.is_cuda()) return absl::UnimplementedError("rms_norm: no CUDA kernel yet");
+  if (stream.is_cuda()) {
+#if MLAG_HAVE_CUDA
+    return stream.LaunchCuda("rms_norm", OpKind::kKernel, [&](void* s) {
+      return static_cast<int>(cuda::LaunchRmsNorm(
+          x.data(), Code(x.dtype()), x.stride(0), weight.data(), Code(weight.dtype()), y.data(),
+          Code(y.dtype()), y.stride(0), x.size(0), x.size(1), eps, static_cast<cudaStream_t>(s)));
+    });
+#endif
+  }
   return stream.LaunchHost("rms_norm", OpKind::kKernel, [x, weight, eps, y] {
     host::RmsNorm(x, weight, eps, y);
     return absl::OkStatus();
@@ -73,7 +93,16 @@ absl::Status AddRmsNorm(Stream& stream, const Tensor& x, const Tensor& residual,
   if (y.data() == residual.data() && y.numel() > 0) {
     return absl::InvalidArgumentError("y: must not alias residual, which keeps the sum");
   }
-  if (stream.is_cuda()) return absl::UnimplementedError("add_rms_norm: no CUDA kernel yet");
+  if (stream.is_cuda()) {
+#if MLAG_HAVE_CUDA
+    return stream.LaunchCuda("add_rms_norm", OpKind::kKernel, [&](void* s) {
+      return static_cast<int>(cuda::LaunchAddRmsNorm(
+          x.data(), Code(x.dtype()), x.stride(0), residual.data(), Code(residual.dtype()),
+          residual.stride(0), weight.data(), Code(weight.dtype()), y.data(), Code(y.dtype()),
+          y.stride(0), x.size(0), x.size(1), eps, static_cast<cudaStream_t>(s)));
+    });
+#endif
+  }
   return stream.LaunchHost("add_rms_norm", OpKind::kKernel, [x, residual, weight, eps, y] {
     host::AddRmsNorm(x, residual, weight, eps, y);
     return absl::OkStatus();

@@ -7,7 +7,14 @@
 #include "kernels/check.h"
 #include "kernels/common/rope_math.h"
 #include "kernels/host/rope.h"
+#include "mlag_config.h"
 #include "runtime/core/status.h"
+
+#if MLAG_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/rope.cuh"
+#endif
 
 namespace mlag {
 namespace {
@@ -108,7 +115,17 @@ absl::Status ApplyRope(Stream& stream, const Tensor& positions, const Tensor& ta
   MLAG_RETURN_IF_ERROR(CheckRowMajor(q_pe, "q_pe"));
   MLAG_RETURN_IF_ERROR(CheckRowMajor(k_pe, "k_pe"));
   MLAG_RETURN_IF_ERROR(CheckRowMajor(table, "table"));
-  if (stream.is_cuda()) return absl::UnimplementedError("rope: no CUDA kernel yet");
+  if (stream.is_cuda()) {
+#if MLAG_HAVE_CUDA
+    return stream.LaunchCuda("rope", OpKind::kKernel, [&](void* s) {
+      return static_cast<int>(cuda::LaunchApplyRope(
+          positions.data_as<const int32_t>(), positions.stride(0), table.data_as<const float>(),
+          table.size(0), table.stride(0), q_pe.data_as<float>(), q_pe.stride(0), q_pe.stride(1),
+          q_pe.size(1), k_pe.data_as<float>(), k_pe.stride(0), num_tokens, dr / 2,
+          static_cast<cudaStream_t>(s)));
+    });
+#endif
+  }
   return stream.LaunchHost("rope", OpKind::kKernel, [positions, table, q_pe, k_pe] {
     host::ApplyRope(positions, table, q_pe, k_pe);
     return absl::OkStatus();

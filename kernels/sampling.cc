@@ -3,7 +3,14 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/check.h"
 #include "kernels/host/sampling.h"
+#include "mlag_config.h"
 #include "runtime/core/status.h"
+
+#if MLAG_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/sampling.cuh"
+#endif
 
 namespace mlag {
 
@@ -36,7 +43,18 @@ absl::Status Sample(Stream& stream, const Tensor& logits, const Tensor& temperat
     MLAG_RETURN_IF_ERROR(CheckShape(r.t, r.name, {B}));
     MLAG_RETURN_IF_ERROR(CheckContiguous(r.t, r.name));
   }
-  if (stream.is_cuda()) return absl::UnimplementedError("sample: no CUDA kernel yet");
+  if (stream.is_cuda()) {
+#if MLAG_HAVE_CUDA
+    return stream.LaunchCuda("sample", OpKind::kKernel, [&](void* s) {
+      return static_cast<int>(cuda::LaunchSample(
+          logits.data_as<const float>(), B, V, logits.stride(0),
+          temperature.data_as<const float>(), top_k.data_as<const int32_t>(),
+          top_p.data_as<const float>(), seeds.data_as<const int64_t>(),
+          steps.data_as<const int64_t>(), out_tokens.data_as<int32_t>(),
+          static_cast<cudaStream_t>(s)));
+    });
+#endif
+  }
   return stream.LaunchHost("sample", OpKind::kKernel,
                            [logits, temperature, top_k, top_p, seeds, steps, out_tokens] {
                              host::Sample(logits, temperature, top_k, top_p, seeds, steps,

@@ -61,6 +61,15 @@ absl::Status DeepseekModel::Load(WeightSource& source) {
   MLAG_ASSIGN_OR_RETURN(rope_table_, arena_.Allocate({P, dr}));
   MLAG_RETURN_IF_ERROR(arena_.Upload(table, rope_table_));
 
+  // The CUDA decode kernel's split-KV scratch, sized for the largest batch and
+  // shared by every layer and every captured graph.
+  if (device_->is_cuda()) {
+    MLAG_ASSIGN_OR_RETURN(decode_workspace_,
+                          MlaDecodeWorkspace::Create(*device_, options_.max_seqs,
+                                                     c.num_attention_heads, c.kv_lora_rank));
+    for (auto& block : blocks_) block->attention().SetDecodeWorkspace(&decode_workspace_);
+  }
+
   // Activations for the largest batch, allocated once.
   MLAG_ASSIGN_OR_RETURN(Buffer ws, device_->Allocate(Activations::Bytes(
                                        c, options_.max_tokens, options_.max_seqs,

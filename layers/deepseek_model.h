@@ -98,6 +98,7 @@ class DeepseekModel {
   Workspace workspace_;
   Activations acts_;
   Tensor rope_table_;  // [max_position_embeddings, dr]
+  MlaDecodeWorkspace decode_workspace_;  // CUDA split-KV scratch (empty on the host)
   Tensor embed_, final_norm_, lm_head_;
   std::vector<Tensor> input_norm_, post_attn_norm_;
   std::vector<std::unique_ptr<MlaBlock>> blocks_;

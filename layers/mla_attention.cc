@@ -54,7 +54,7 @@ absl::Status MlaAttention::Forward(Stream& stream, const AttentionMetadata& meta
   NodeScope scope(stream, NodeName("mla"), OpKind::kKernel);
   if (meta.decode_only) {
     return MlaDecode(stream, q_latent, q_pe, cache_, meta.block_table, meta.seq_lens,
-                     softmax_scale_, out_latent, lse);
+                     softmax_scale_, out_latent, lse, decode_workspace_);
   }
   return MlaPrefill(stream, q_latent, q_pe, cache_, meta.block_table, meta.seq_lens,
                     meta.query_start_loc, softmax_scale_, out_latent, lse);

@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "layers/attention_metadata.h"
+#include "kernels/mla_attention.h"
 #include "layers/weight_arena.h"
 #include "runtime/core/stream.h"
 
@@ -40,6 +41,9 @@ class MlaAttention {
   // Points the layer at its KV cache: [num_blocks, block_size, Rkv + dr],
   // f32 or bf16, on the model's device. The runtime owns the memory.
   void BindCache(const Tensor& cache) { cache_ = cache; }
+  // The split-KV scratch of the CUDA decode kernel (owned by the model,
+  // allocated before any capture, shared by every layer); nullptr on the host.
+  void SetDecodeWorkspace(const MlaDecodeWorkspace* workspace) { decode_workspace_ = workspace; }
   const Tensor& cache() const { return cache_; }
 
   // q_latent[t,h] = W_UK^h^T q_nope[t,h]. q_nope [T,H,dn] (strided rows ok),
@@ -71,6 +75,7 @@ class MlaAttention {
   Tensor w_uk_;  // [H, dn, Rkv]
   Tensor w_uv_;  // [H, dv, Rkv]
   Tensor cache_;
+  const MlaDecodeWorkspace* decode_workspace_ = nullptr;
 };
 
 }  // namespace mlag

@@ -4,6 +4,8 @@
 //   tiny-v2  variant B: V2 path (q_proj, softmax group_limited_greedy)
 //   small    V2-Lite widths (hidden 2048, 16 heads, kv_lora 512, 64 experts
 //            top-6, 2 shared) with 4 layers and a 32000-token vocabulary
+//   v2-lite-8l  V2-Lite's shapes (vocabulary 102400) with 8 of its 27 layers,
+//            for GPU benchmarks
 #pragma once
 
 #include <string>
@@ -18,7 +20,7 @@
 
 namespace mlag {
 
-// "tiny-v3", "tiny-v2", "small".
+// "tiny-v3", "tiny-v2", "small", "v2-lite-8l".
 std::vector<std::string> BuiltinModelNames();
 bool IsBuiltinModel(absl::string_view name);
 absl::StatusOr<ModelConfig> BuiltinModelConfig(absl::string_view name);

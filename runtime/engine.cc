@@ -27,8 +27,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
         absl::StrCat("max_model_len ", e->max_model_len_, " exceeds the model's ",
                      "max_position_embeddings ", mc.max_position_embeddings));
   }
+  DType kv_dtype = e->device_->is_cuda() ? DType::kBF16 : DType::kF32;
+  if (options.kv_cache_dtype != "auto") {
+    MLAG_ASSIGN_OR_RETURN(kv_dtype, ParseDType(options.kv_cache_dtype));
+    if (kv_dtype != DType::kF32 && kv_dtype != DType::kBF16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KV cache dtype '", options.kv_cache_dtype, "': expected auto, f32 or bf16"));
+    }
+  }
   const size_t bytes_per_block = static_cast<size_t>(options.block_size) * mc.num_hidden_layers *
-                                 mc.kv_cache_row() * sizeof(float);
+                                 mc.kv_cache_row() * DTypeSize(kv_dtype);
   const size_t num_blocks = options.kv_cache_bytes / bytes_per_block;
   if (num_blocks < 2) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -42,6 +50,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   rc.block_size = options.block_size;
   rc.num_blocks = static_cast<int>(std::min<size_t>(num_blocks, 1 << 24));
   rc.graph_mode = options.graph_mode;
+  rc.kv_dtype = kv_dtype;
   rc.capture_sizes = options.capture_sizes;
   rc.local_experts = options.local_experts;
   rc.max_ep_ranks = std::max(options.max_ep_ranks,

@@ -134,7 +134,8 @@ absl::StatusOr<ReconfigureAt> ParseReconfigureAt(absl::string_view text) {
 
 absl::StatusOr<std::unique_ptr<EpRank>> EpRank::Create(Communicator* world,
                                                        const EngineOptions& options,
-                                                       const EpOptions& ep) {
+                                                       const EpOptions& ep,
+                                                       Communicator* control) {
   if (world == nullptr || world->size() != ep.world) {
     return absl::InvalidArgumentError(absl::StrCat(
         "expert parallelism over ", ep.world, " ranks needs a world of that size, got ",
@@ -151,8 +152,13 @@ absl::StatusOr<std::unique_ptr<EpRank>> EpRank::Create(Communicator* world,
     }
     last_step = r.step;
   }
+  if (control == nullptr) control = world;
+  if (control->size() != world->size() || control->rank() != world->rank()) {
+    return absl::InvalidArgumentError("control and data communicators must have the same ranks");
+  }
   std::unique_ptr<EpRank> rank(new EpRank());
   rank->world_ = world;
+  rank->control_ = control;
   rank->ep_ = ep;
   MLAG_ASSIGN_OR_RETURN(rank->host_device_, Device::Create("host"));
   MLAG_ASSIGN_OR_RETURN(rank->host_stream_, Stream::Create(rank->host_device_.get()));
@@ -179,16 +185,16 @@ absl::StatusOr<std::unique_ptr<EpRank>> EpRank::Create(Communicator* world,
 
 absl::StatusOr<std::vector<std::vector<int64_t>>> EpRank::ExchangeAll(
     const std::vector<int64_t>& mine) {
-  const int n = world_->size();
+  const int n = control_->size();
   int64_t my_size = static_cast<int64_t>(mine.size());
   std::vector<int64_t> sizes(n);
-  MLAG_RETURN_IF_ERROR(world_->AllGather(*host_stream_, Tensor(&my_size, DType::kI64, {1}),
+  MLAG_RETURN_IF_ERROR(control_->AllGather(*host_stream_, Tensor(&my_size, DType::kI64, {1}),
                                          Tensor(sizes.data(), DType::kI64, {n})));
   std::vector<std::vector<int64_t>> all(n);
   for (int root = 0; root < n; ++root) {
     if (sizes[root] == 0) continue;
-    all[root] = root == world_->rank() ? mine : std::vector<int64_t>(sizes[root]);
-    MLAG_RETURN_IF_ERROR(world_->Broadcast(
+    all[root] = root == control_->rank() ? mine : std::vector<int64_t>(sizes[root]);
+    MLAG_RETURN_IF_ERROR(control_->Broadcast(
         *host_stream_, Tensor(all[root].data(), DType::kI64, {sizes[root]}), root));
   }
   return all;
@@ -208,7 +214,7 @@ absl::StatusOr<ReconfigurationReport> EpRank::Reconfigure(int step, int new_size
   };
 
   MLAG_ASSIGN_OR_RETURN(report.prefix_hit_tokens_before,
-                        world_->AllReduceScalar(engine_->kv_cache().hit_tokens(), ReduceOp::kSum));
+                        control_->AllReduceScalar(engine_->kv_cache().hit_tokens(), ReduceOp::kSum));
   auto t0 = Clock::now();
   uint64_t before = 0;
   if (survivor) {
@@ -261,7 +267,8 @@ absl::StatusOr<ReconfigurationReport> EpRank::Reconfigure(int step, int new_size
     MLAG_ASSIGN_OR_RETURN(uint64_t after, runner.KvChecksum({}));
     unchanged = after == before ? 1 : 0;
   }
-  MLAG_ASSIGN_OR_RETURN(int64_t all_unchanged, world_->AllReduceScalar(unchanged, ReduceOp::kMin));
+  MLAG_ASSIGN_OR_RETURN(int64_t all_unchanged,
+                        control_->AllReduceScalar(unchanged, ReduceOp::kMin));
   report.kv_pages_unchanged = all_unchanged == 1;
   phase("verify", t0);
 
@@ -301,8 +308,8 @@ absl::StatusOr<EpRunResult> EpRank::Run(const std::vector<RequestSpec>& requests
       ++next_event;
     }
     if (me < active_) MLAG_RETURN_IF_ERROR(engine_->Step().status());
-    MLAG_ASSIGN_OR_RETURN(int64_t unfinished,
-                          world_->AllReduceScalar(engine_->HasUnfinished() ? 1 : 0, ReduceOp::kMax));
+    MLAG_ASSIGN_OR_RETURN(int64_t unfinished, control_->AllReduceScalar(
+                                                  engine_->HasUnfinished() ? 1 : 0, ReduceOp::kMax));
     if (unfinished == 0) break;
     if (step > 10'000'000) return absl::InternalError("expert-parallel run does not finish");
   }
@@ -348,28 +355,32 @@ absl::StatusOr<EpRunResult> EpRank::Run(const std::vector<RequestSpec>& requests
   }
   for (auto& [id, r] : by_id) result.requests.push_back(std::move(r));
   MLAG_ASSIGN_OR_RETURN(int64_t capture_us,
-                        world_->AllReduceScalar(static_cast<int64_t>(result.capture_seconds * 1e6),
+                        control_->AllReduceScalar(static_cast<int64_t>(result.capture_seconds * 1e6),
                                                 ReduceOp::kMax));
   result.capture_seconds = capture_us / 1e6;
   return result;
 }
 
-absl::StatusOr<EpRunResult> RunLocalExpertParallel(const EngineOptions& options,
-                                                   const EpOptions& ep,
-                                                   const std::vector<RequestSpec>& requests) {
-  if (ep.world < 1) return absl::InvalidArgumentError("--ep must be >= 1");
-  std::vector<std::unique_ptr<Communicator>> comms = LocalCommunicator::CreateGroup(ep.world);
-  std::vector<absl::StatusOr<EpRunResult>> results(ep.world, absl::UnknownError("not run"));
-  // The rank threads share the cores: each gets an equal share of OpenMP
-  // threads (omp_set_num_threads applies to the calling thread's teams).
-  const int threads = std::max(1, omp_get_max_threads() / ep.world);
+absl::StatusOr<EpRunResult> RunThreadedExpertParallel(
+    const EngineOptions& options, const EpOptions& ep, const std::vector<RequestSpec>& requests,
+    const std::vector<Communicator*>& worlds, const std::vector<Communicator*>& controls,
+    const std::vector<std::string>& devices) {
+  const int n = static_cast<int>(worlds.size());
+  if (n != ep.world || static_cast<int>(devices.size()) != n ||
+      (!controls.empty() && static_cast<int>(controls.size()) != n)) {
+    return absl::InvalidArgumentError("one communicator and one device per rank are needed");
+  }
+  std::vector<absl::StatusOr<EpRunResult>> results(n, absl::UnknownError("not run"));
+  // The rank threads share the host cores: each gets an equal share of
+  // OpenMP threads (omp_set_num_threads applies to the calling thread).
+  const int threads = std::max(1, omp_get_max_threads() / n);
   std::vector<std::thread> ranks;
-  for (int r = 0; r < ep.world; ++r) {
+  for (int r = 0; r < n; ++r) {
     ranks.emplace_back([&, r] {
       omp_set_num_threads(threads);
       EngineOptions o = options;
-      o.device = "host";  // thread ranks share one host
-      auto rank = EpRank::Create(comms[r].get(), o, ep);
+      o.device = devices[r];
+      auto rank = EpRank::Create(worlds[r], o, ep, controls.empty() ? nullptr : controls[r]);
       if (!rank.ok()) {
         results[r] = rank.status();
         return;
@@ -378,13 +389,25 @@ absl::StatusOr<EpRunResult> RunLocalExpertParallel(const EngineOptions& options,
     });
   }
   for (std::thread& t : ranks) t.join();
-  for (int r = 0; r < ep.world; ++r) {
+  for (int r = 0; r < n; ++r) {
     if (!results[r].ok()) {
       return absl::Status(results[r].status().code(),
                           absl::StrCat("rank ", r, ": ", results[r].status().message()));
     }
   }
   return std::move(results[0]);
+}
+
+absl::StatusOr<EpRunResult> RunLocalExpertParallel(const EngineOptions& options,
+                                                   const EpOptions& ep,
+                                                   const std::vector<RequestSpec>& requests) {
+  if (ep.world < 1) return absl::InvalidArgumentError("--ep must be >= 1");
+  std::vector<std::unique_ptr<Communicator>> comms = LocalCommunicator::CreateGroup(ep.world);
+  std::vector<Communicator*> worlds;
+  for (auto& c : comms) worlds.push_back(c.get());
+  // Thread ranks share one host.
+  return RunThreadedExpertParallel(options, ep, requests, worlds, {},
+                                   std::vector<std::string>(ep.world, "host"));
 }
 
 }  // namespace mlag

@@ -76,10 +76,15 @@ class EpRank {
  public:
   // Builds this rank's engine (its share of the experts under the even
   // placement over the whole world) and captures its graphs in lockstep with
-  // the other ranks. `world` must outlive the EpRank.
+  // the other ranks. `world` carries the data (MoE collectives, expert
+  // migration: device buffers); `control` (nullptr: `world`) carries the
+  // host-side exchanges (moved requests, gathered results) and must have the
+  // same ranks. With NCCL, `control` is the MPI world or a local group. Both
+  // must outlive the EpRank.
   static absl::StatusOr<std::unique_ptr<EpRank>> Create(Communicator* world,
                                                         const EngineOptions& options,
-                                                        const EpOptions& ep);
+                                                        const EpOptions& ep,
+                                                        Communicator* control = nullptr);
 
   // Runs `requests` (request i, with id i, on rank i % world) to completion
   // in lockstep with every other rank, applying the reconfigurations of the
@@ -100,6 +105,7 @@ class EpRank {
   absl::StatusOr<std::vector<std::vector<int64_t>>> ExchangeAll(const std::vector<int64_t>& mine);
 
   Communicator* world_ = nullptr;
+  Communicator* control_ = nullptr;
   std::unique_ptr<Communicator> group_;  // null while this rank is outside the group
   EpOptions ep_;
   int active_ = 0;
@@ -113,5 +119,14 @@ class EpRank {
 absl::StatusOr<EpRunResult> RunLocalExpertParallel(const EngineOptions& options,
                                                    const EpOptions& ep,
                                                    const std::vector<RequestSpec>& requests);
+
+// Runs one thread rank per communicator in this process: rank r uses
+// `worlds[r]` for data, `controls[r]` for control (empty: the worlds) and
+// device `devices[r]` ("host", "cuda:1", ...). For several GPUs in one
+// process: NCCL worlds from NcclCommunicator::InitAll, local controls.
+absl::StatusOr<EpRunResult> RunThreadedExpertParallel(
+    const EngineOptions& options, const EpOptions& ep, const std::vector<RequestSpec>& requests,
+    const std::vector<Communicator*>& worlds, const std::vector<Communicator*>& controls,
+    const std::vector<std::string>& devices);
 
 }  // namespace mlag

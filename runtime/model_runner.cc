@@ -45,6 +45,10 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(ModelSource& so
 
 absl::Status ModelRunner::Init(ModelSource& source) {
   const RunnerConfig& c = config_;
+  if (c.kv_dtype != DType::kF32 && c.kv_dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat("KV cache dtype ", DTypeName(c.kv_dtype),
+                                                   ": expected f32 or bf16"));
+  }
   if (c.max_num_seqs < 1 || c.max_num_batched_tokens < 1 || c.block_size < 1 ||
       c.num_blocks < 2 || c.max_model_len < 1) {
     return absl::InvalidArgumentError(
@@ -84,7 +88,7 @@ absl::Status ModelRunner::Init(ModelSource& source) {
   };
   const ModelConfig& mc = model_->config();
   for (int l = 0; l < mc.num_hidden_layers; ++l) {
-    MLAG_ASSIGN_OR_RETURN(Tensor cache, alloc(DType::kF32, {c.num_blocks, c.block_size,
+    MLAG_ASSIGN_OR_RETURN(Tensor cache, alloc(c.kv_dtype, {c.num_blocks, c.block_size,
                                                             mc.kv_cache_row()}));
     kv_caches_.push_back(cache);
     model_->BindKvCache(l, cache);
@@ -108,7 +112,7 @@ absl::Status ModelRunner::Init(ModelSource& source) {
 
 size_t ModelRunner::kv_bytes_per_token() const {
   const ModelConfig& mc = model_->config();
-  return static_cast<size_t>(mc.num_hidden_layers) * mc.kv_cache_row() * sizeof(float);
+  return static_cast<size_t>(mc.num_hidden_layers) * mc.kv_cache_row() * DTypeSize(config_.kv_dtype);
 }
 
 const Graph* ModelRunner::graph(int size) const {
@@ -409,14 +413,16 @@ absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> s
 
 absl::Status ModelRunner::FillKvCache(uint64_t seed) {
   std::vector<float> values;
+  std::vector<char> stored;
   for (size_t l = 0; l < kv_caches_.size(); ++l) {
     const Tensor& cache = kv_caches_[l];
     values.resize(static_cast<size_t>(cache.numel()));
     for (size_t i = 0; i < values.size(); ++i) {
       values[i] = 2.0f * UniformFromCounter(seed + l, i) - 1.0f;
     }
-    MLAG_RETURN_IF_ERROR(
-        device_->CopyFromHost(cache.data(), values.data(), values.size() * sizeof(float)));
+    stored.resize(cache.nbytes());
+    ConvertFromF32(values.data(), cache.dtype(), stored.data(), values.size());
+    MLAG_RETURN_IF_ERROR(device_->CopyFromHost(cache.data(), stored.data(), stored.size()));
   }
   return absl::OkStatus();
 }

@@ -48,6 +48,7 @@ struct RunnerConfig {
   int max_num_batched_tokens = 512;
   int max_model_len = 256;
   int max_ep_ranks = 1;  // largest expert-parallel group (sizes its buffers)
+  DType kv_dtype = DType::kF32;  // KV cache element type: f32 or bf16
   int block_size = 64;
   int num_blocks = 64;  // including the null block 0
   GraphMode graph_mode = GraphMode::kFullDecode;

@@ -31,6 +31,10 @@ echo "== main build (cuda: $MLAG_CUDA_OPTION) =="
 mlag_setup build -Dcuda=$MLAG_CUDA_OPTION
 meson compile -C build
 run_suite build || status=1
+if [ "$MLAG_CUDA_OPTION" = enabled ]; then
+  echo "== CUDA register / spill report (sm_90) =="
+  bash kernels/cuda/spill_report.sh 90 || status=1
+fi
 
 if [ "${MLAG_SKIP_SANITIZE:-0}" != 1 ]; then
   echo "== host build with AddressSanitizer + UndefinedBehaviorSanitizer =="

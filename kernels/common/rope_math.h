@@ -14,11 +14,23 @@
 
 namespace mlag {
 
+// a * b rounded to f32 on its own. nvcc would otherwise fuse x0 * c - x1 * s
+// into an fma, and the CUDA kernel would round differently from the host
+// (baseline x86-64, no FMA): with it both backends rotate bit for bit alike.
+MLAG_HD float RopeMul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
 // y = rotation of the pair (x0, x1) by the angle whose (scaled) cosine and
-// sine are c and s: y0 = x0 c - x1 s, y1 = x0 s + x1 c.
+// sine are c and s: y0 = x0 c - x1 s, y1 = x0 s + x1 c, every product
+// rounded to f32 before the sum.
 MLAG_HD void RopeRotatePair(float x0, float x1, float c, float s, float* y0, float* y1) {
-  *y0 = x0 * c - x1 * s;
-  *y1 = x0 * s + x1 * c;
+  *y0 = RopeMul(x0, c) - RopeMul(x1, s);
+  *y1 = RopeMul(x0, s) + RopeMul(x1, c);
 }
 
 // Rotates the `half` interleaved pairs of x in place with one table row:

@@ -186,6 +186,10 @@ absl::Status Device::CopyToHost(void* host_dst, const void* device_src, size_t b
     return absl::OkStatus();
   }
 #if MLAG_HAVE_CUDA
+  MLAG_RETURN_IF_ERROR(MakeCurrent());
+  // Work queued on the project's (non-blocking) streams is not ordered with
+  // the legacy stream cudaMemcpy uses: finish it first.
+  MLAG_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   MLAG_CUDA_RETURN_IF_ERROR(cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost));
   return absl::OkStatus();
 #else
@@ -200,7 +204,12 @@ absl::Status Device::CopyFromHost(void* device_dst, const void* host_src, size_t
     return absl::OkStatus();
   }
 #if MLAG_HAVE_CUDA
+  MLAG_RETURN_IF_ERROR(MakeCurrent());
   MLAG_CUDA_RETURN_IF_ERROR(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice));
+  // From pageable memory cudaMemcpy may return before the DMA lands, and the
+  // project's streams do not synchronise with the legacy default stream:
+  // wait, so that any stream launched after this call sees the data.
+  MLAG_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   return absl::OkStatus();
 #else
   return absl::FailedPreconditionError("CUDA copy in a build without CUDA");

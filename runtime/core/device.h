@@ -73,7 +73,10 @@ class Device {
   // buffer. Fails with FailedPrecondition during a graph capture on this device.
   absl::StatusOr<Buffer> Allocate(size_t bytes);
 
-  // Synchronous copies between host memory and this device's memory.
+  // Synchronous copies between host memory and this device's memory. On CUDA
+  // they wait for the whole device, so they are ordered with work on every
+  // stream (simple and safe; the per-step uploads of the runner would move to
+  // async copies on its stream for speed).
   absl::Status CopyToHost(void* host_dst, const void* device_src, size_t bytes) const;
   absl::Status CopyFromHost(void* device_dst, const void* host_src, size_t bytes) const;
   // Makes this device current for the calling thread (CUDA); no-op on host.

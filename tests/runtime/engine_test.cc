@@ -100,6 +100,25 @@ TEST(EngineTest, GraphReplayMatchesEagerBitForBit) {
               a.logits.size(), static_cast<long long>(replays), a.stats.capture_seconds);
 }
 
+TEST(EngineTest, Bf16KvCacheGraphMatchesEager) {
+  EngineOptions g = TinyOptions(GraphMode::kFullDecode);
+  g.kv_cache_dtype = "bf16";
+  EngineOptions e = g;
+  e.graph_mode = GraphMode::kNone;
+  auto graphs = Engine::Create(g).value();
+  auto eager = Engine::Create(e).value();
+  auto specs = MixedRequests(12, graphs->config().vocab_size, 8, 5);
+  RunRecord a = RunAll(*graphs, specs);
+  RunRecord b = RunAll(*eager, specs);
+  EXPECT_EQ(a.tokens, b.tokens);
+  int differing = 0;
+  for (const auto& [key, row] : a.logits) {
+    differing += std::memcmp(row.data(), b.logits.at(key).data(), row.size() * 4) != 0;
+  }
+  EXPECT_EQ(differing, 0);
+  EXPECT_EQ(a.stats.kv_bytes_per_token, size_t{4} * 80 * 2);  // 4 layers x 80 bf16 values
+}
+
 TEST(EngineTest, OneGraphPerCaptureSizeWithKvUpdateBeforeMla) {
   auto engine = Engine::Create(TinyOptions(GraphMode::kFullDecode));
   ASSERT_TRUE(engine.ok()) << engine.status();

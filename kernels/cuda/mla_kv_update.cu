@@ -1,0 +1,148 @@
+// The MLA KV-cache write (kernels/mla_kv_update.h) on CUDA: one thread block
+// per token, a dummy or padding token (slot < 0) leaves at once.
+#include "kernels/cuda/mla_kv_update.cuh"
+
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/common/half.h"
+
+namespace mlag::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+
+// Element types are the raw storage: float for f32, the bf16 bits (uint16_t)
+// for bf16. Same-dtype conversions move bits only.
+template <typename Src, typename Dst>
+__device__ __forceinline__ Dst ConvertElement(Src v);
+template <>
+__device__ __forceinline__ float ConvertElement<float, float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ uint16_t ConvertElement<uint16_t, uint16_t>(uint16_t v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ uint16_t ConvertElement<float, uint16_t>(float v) {
+  return F32ToBf16(v);
+}
+template <>
+__device__ __forceinline__ float ConvertElement<uint16_t, float>(uint16_t v) {
+  return Bf16ToF32(v);
+}
+
+// An aligned register image of `kBytes` bytes, loaded and stored in one
+// instruction.
+template <int kBytes>
+struct Vec;
+template <>
+struct Vec<16> {
+  using Type = uint4;
+};
+template <>
+struct Vec<8> {
+  using Type = uint2;
+};
+
+// Copies n elements src -> dst with the cast. Vectors of kW elements (16
+// bytes on the wider side) when both pointers are aligned for them; the rest
+// (or everything, when they are not) element by element. Same-dtype copies
+// move bits only, so they are exact whatever the values (NaN payloads too).
+template <typename Src, typename Dst>
+__device__ __forceinline__ void CopySegment(const Src* __restrict__ src, Dst* __restrict__ dst,
+                                            int n) {
+  constexpr int kWide = sizeof(Src) > sizeof(Dst) ? sizeof(Src) : sizeof(Dst);
+  constexpr int kW = 16 / kWide;
+  constexpr int kSrcBytes = kW * static_cast<int>(sizeof(Src));
+  constexpr int kDstBytes = kW * static_cast<int>(sizeof(Dst));
+  using SrcVec = typename Vec<kSrcBytes>::Type;
+  using DstVec = typename Vec<kDstBytes>::Type;
+  const bool aligned = reinterpret_cast<uintptr_t>(src) % kSrcBytes == 0 &&
+                       reinterpret_cast<uintptr_t>(dst) % kDstBytes == 0;
+  const int num_vec = aligned ? n / kW : 0;
+  for (int i = threadIdx.x; i < num_vec; i += blockDim.x) {
+    const SrcVec raw = reinterpret_cast<const SrcVec*>(src)[i];
+    Src in[kW];
+    memcpy(in, &raw, sizeof(raw));
+    Dst out[kW];
+#pragma unroll
+    for (int e = 0; e < kW; ++e) out[e] = ConvertElement<Src, Dst>(in[e]);
+    DstVec packed;
+    memcpy(&packed, out, sizeof(packed));
+    reinterpret_cast<DstVec*>(dst)[i] = packed;
+  }
+  for (int e = num_vec * kW + static_cast<int>(threadIdx.x); e < n; e += blockDim.x) {
+    dst[e] = ConvertElement<Src, Dst>(src[e]);
+  }
+}
+
+template <typename SrcC, typename SrcPe, typename Dst>
+__global__ void __launch_bounds__(kThreads)
+    MlaKvUpdateKernel(const SrcC* __restrict__ kv_c, int64_t kv_c_row_stride,
+                      const SrcPe* __restrict__ k_pe, int64_t k_pe_row_stride,
+                      const int64_t* __restrict__ slot_mapping, int64_t slot_mapping_stride,
+                      Dst* __restrict__ cache, int64_t num_slots, int rkv, int dr) {
+  const int64_t t = blockIdx.x;
+  const int64_t slot = slot_mapping[t * slot_mapping_stride];
+  if (slot < 0 || slot >= num_slots) return;  // dummy/padding row, or out of range
+  Dst* row = cache + slot * static_cast<int64_t>(rkv + dr);
+  CopySegment<SrcC, Dst>(kv_c + t * kv_c_row_stride, row, rkv);
+  CopySegment<SrcPe, Dst>(k_pe + t * k_pe_row_stride, row + rkv, dr);
+}
+
+struct KvArgs {
+  const void* kv_c;
+  int64_t kv_c_row_stride;
+  const void* k_pe;
+  int64_t k_pe_row_stride;
+  const int64_t* slot_mapping;
+  int64_t slot_mapping_stride;
+  int64_t num_tokens;
+  void* cache;
+  int64_t num_slots;
+  int rkv, dr;
+};
+
+template <typename SrcC, typename SrcPe, typename Dst>
+cudaError_t Launch(const KvArgs& a, cudaStream_t stream) {
+  MlaKvUpdateKernel<SrcC, SrcPe, Dst><<<static_cast<unsigned>(a.num_tokens), kThreads, 0, stream>>>(
+      static_cast<const SrcC*>(a.kv_c), a.kv_c_row_stride, static_cast<const SrcPe*>(a.k_pe),
+      a.k_pe_row_stride, a.slot_mapping, a.slot_mapping_stride, static_cast<Dst*>(a.cache),
+      a.num_slots, a.rkv, a.dr);
+  return cudaGetLastError();
+}
+
+template <typename SrcC, typename SrcPe>
+cudaError_t LaunchForCache(const KvArgs& a, int cache_dtype, cudaStream_t stream) {
+  return cache_dtype == 0 ? Launch<SrcC, SrcPe, float>(a, stream)
+                          : Launch<SrcC, SrcPe, uint16_t>(a, stream);
+}
+
+}  // namespace
+
+cudaError_t LaunchMlaKvUpdate(const void* kv_c, int kv_c_dtype, int64_t kv_c_row_stride,
+                              const void* k_pe, int k_pe_dtype, int64_t k_pe_row_stride,
+                              const int64_t* slot_mapping, int64_t slot_mapping_stride,
+                              int64_t num_tokens, void* cache, int cache_dtype, int64_t num_slots,
+                              int64_t rkv, int64_t dr, cudaStream_t stream) {
+  auto is_float = [](int dtype) { return dtype == 0 || dtype == 1; };
+  if (num_tokens < 0 || num_tokens > 0x7fffffff || rkv < 0 || dr < 0 ||
+      rkv + dr > 0x7fffffff || !is_float(kv_c_dtype) || !is_float(k_pe_dtype) ||
+      !is_float(cache_dtype)) {
+    return cudaErrorInvalidValue;
+  }
+  if (num_tokens == 0) return cudaSuccess;
+  const KvArgs a{kv_c,         kv_c_row_stride,     k_pe,       k_pe_row_stride,
+                 slot_mapping, slot_mapping_stride, num_tokens, cache,
+                 num_slots,    static_cast<int>(rkv), static_cast<int>(dr)};
+  if (kv_c_dtype == 0) {
+    return k_pe_dtype == 0 ? LaunchForCache<float, float>(a, cache_dtype, stream)
+                           : LaunchForCache<float, uint16_t>(a, cache_dtype, stream);
+  }
+  return k_pe_dtype == 0 ? LaunchForCache<uint16_t, float>(a, cache_dtype, stream)
+                         : LaunchForCache<uint16_t, uint16_t>(a, cache_dtype, stream);
+}
+
+}  // namespace mlag::cuda

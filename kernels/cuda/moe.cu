@@ -1,0 +1,581 @@
+// CUDA kernels for kernels/moe.h: the router, and the routed experts as a
+// device-planned grouped GEMM (see kernels/cuda/moe.cuh for the contract).
+#include "kernels/cuda/moe.cuh"
+
+#include <cub/block/block_scan.cuh>
+
+#include "kernels/common/routing_math.h"
+
+namespace mlag::cuda {
+namespace {
+
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// ---- Router --------------------------------------------------------------------
+
+// Shared memory a router block may use; warps per block follow from E.
+constexpr int kRouteSmemBytes = 48 * 1024;
+constexpr int kRouteMaxWarps = 8;
+
+// Per-warp scratch: scores s [E], selection scores [E], group scores [G].
+size_t RouteWarpBytes(int E, int G) { return (2 * static_cast<size_t>(E) + G) * sizeof(float); }
+
+int RouteWarpsPerBlock(int E, int G) {
+  const size_t w = kRouteSmemBytes / RouteWarpBytes(E, G);
+  return w > static_cast<size_t>(kRouteMaxWarps) ? kRouteMaxWarps : static_cast<int>(w);
+}
+
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int off = kWarpSize / 2; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, off));
+  return v;
+}
+
+// Butterfly sum: every lane ends with the same bits (each step adds the same
+// two values in both lanes of a pair).
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int off = kWarpSize / 2; off > 0; off /= 2) v += __shfl_xor_sync(kFullMask, v, off);
+  return v;
+}
+
+// One warp per token. Block: RouteWarpsPerBlock warps; dynamic shared memory:
+// that many RouteWarpBytes slices.
+__global__ void __launch_bounds__(kRouteMaxWarps * kWarpSize)
+    MoeRouteKernel(MoeRouteParams p, const float* __restrict__ logits, int64_t ld,
+                   const float* __restrict__ bias, int64_t num_tokens, int32_t* __restrict__ ids,
+                   float* __restrict__ weights) {
+  extern __shared__ float route_smem[];
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + warp;
+  if (t >= num_tokens) return;  // the whole warp leaves; no block barrier follows
+  const int E = p.num_experts;
+  const int K = p.top_k;
+  float* s = route_smem + static_cast<size_t>(warp) * (2 * static_cast<size_t>(E) + p.n_group);
+  float* sel = s + E;
+  float* group_score = sel + E;
+  const float* l = logits + t * ld;
+
+  if (p.sigmoid) {
+    for (int e = lane; e < E; e += kWarpSize) s[e] = RoutingSigmoid(l[e]);
+  } else {
+    float m = -INFINITY;
+    for (int e = lane; e < E; e += kWarpSize) m = fmaxf(m, l[e]);
+    m = WarpMax(m);
+    float sum = 0.0f;
+    for (int e = lane; e < E; e += kWarpSize) {
+      const float v = expf(l[e] - m);
+      s[e] = v;
+      sum += v;
+    }
+    sum = WarpSum(sum);
+    for (int e = lane; e < E; e += kWarpSize) s[e] = s[e] / sum;
+  }
+  // Selection scores: the bias steers selection only (noaux_tc). NaN ranks
+  // as -inf so that the ranking is a strict total order in every lane.
+  const bool use_bias = p.method == kMoeNoauxTc && bias != nullptr;
+  for (int e = lane; e < E; e += kWarpSize) {
+    const float v = use_bias ? s[e] + bias[e] : s[e];
+    sel[e] = v != v ? -INFINITY : v;
+  }
+  __syncwarp();
+
+  if (p.method != kMoeGreedy) {
+    const int G = p.n_group;
+    const int per_group = E / G;
+    for (int g = lane; g < G; g += kWarpSize) {
+      const float* v = sel + static_cast<size_t>(g) * per_group;
+      group_score[g] =
+          p.method == kMoeNoauxTc ? GroupScoreTop2Sum(v, per_group) : GroupScoreMax(v, per_group);
+    }
+    __syncwarp();
+    // A group is kept when fewer than topk_group groups rank before it: the
+    // same set TopKSelect keeps on the host, the order being strict.
+    for (int g = lane; g < G; g += kWarpSize) {
+      const float gs = group_score[g];
+      int rank = 0;
+      for (int h = 0; h < G; ++h) rank += RoutingBetter(group_score[h], h, gs, g) ? 1 : 0;
+      if (rank < p.topk_group) continue;
+      float* v = sel + static_cast<size_t>(g) * per_group;
+      for (int i = 0; i < per_group; ++i) v[i] = -INFINITY;
+    }
+    __syncwarp();
+  }
+
+  // Top-k: the k-th winner is the best entry ranking strictly after the
+  // (k-1)-th, so nothing needs marking. Each lane scans its experts, then a
+  // butterfly leaves the warp's best in every lane.
+  int32_t* tok_ids = ids + t * K;
+  float* tok_w = weights + t * K;
+  float prev_s = 0.0f;
+  int prev_i = -1;
+  for (int k = 0; k < K; ++k) {
+    float best_s = 0.0f;
+    int best_i = -1;
+    for (int e = lane; e < E; e += kWarpSize) {
+      const float v = sel[e];
+      if (prev_i >= 0 && !RoutingBetter(prev_s, prev_i, v, e)) continue;
+      if (best_i < 0 || RoutingBetter(v, e, best_s, best_i)) {
+        best_s = v;
+        best_i = e;
+      }
+    }
+    for (int off = kWarpSize / 2; off > 0; off /= 2) {
+      const float os = __shfl_xor_sync(kFullMask, best_s, off);
+      const int oi = __shfl_xor_sync(kFullMask, best_i, off);
+      if (oi >= 0 && (best_i < 0 || RoutingBetter(os, oi, best_s, best_i))) {
+        best_s = os;
+        best_i = oi;
+      }
+    }
+    // Unreachable with K <= (selectable experts), kept as a guard: ids
+    // outside [0, E) are skipped by MoeExperts.
+    if (best_i < 0) {
+      for (int j = k + lane; j < K; j += kWarpSize) {
+        tok_ids[j] = -1;
+        tok_w[j] = 0.0f;
+      }
+      break;
+    }
+    if (lane == 0) {
+      tok_ids[k] = best_i;
+      tok_w[k] = s[best_i];
+    }
+    prev_s = best_s;
+    prev_i = best_i;
+  }
+  __syncwarp();
+  if (lane != 0) return;
+  // Weights exactly as the host computes them, in k order (lane 0 rereads its
+  // own writes).
+  const bool sigmoid = p.sigmoid;
+  if (p.norm_topk_prob) {
+    float sum = 0.0f;
+    for (int k = 0; k < K; ++k) sum += tok_w[k];
+    if (sigmoid) sum += 1e-20f;
+    for (int k = 0; k < K; ++k) tok_w[k] /= sum;
+  }
+  if (!p.norm_topk_prob || sigmoid) {
+    for (int k = 0; k < K; ++k) tok_w[k] *= p.routed_scaling_factor;
+  }
+}
+
+// ---- Routed experts: plan --------------------------------------------------------
+
+constexpr int kPlanThreads = 1024;
+
+// The local slot of pair i, or -1 when its expert is not held here.
+__device__ __forceinline__ int SlotOf(const int32_t* __restrict__ ids,
+                                      const int32_t* __restrict__ map, int i, int E, int L) {
+  const int32_t e = ids[i];
+  if (e < 0 || e >= E) return -1;
+  const int32_t slot = map[e];
+  return slot >= 0 && slot < L ? slot : -1;
+}
+
+// One CTA. Writes offsets[L+1] (first row of each slot), tile_offsets[L+1]
+// (first row tile of `bm` rows of each slot), row_of[pairs] (the pair's row,
+// or -1) and token_of_row[N]. Rows of a slot are in ascending pair order.
+// Dynamic shared memory: L ints.
+__global__ void __launch_bounds__(kPlanThreads)
+    MoePlanKernel(const int32_t* __restrict__ ids, int pairs, int K,
+                  const int32_t* __restrict__ map, int E, int L, int bm,
+                  int32_t* __restrict__ offsets, int32_t* __restrict__ tile_offsets,
+                  int32_t* __restrict__ row_of, int32_t* __restrict__ token_of_row) {
+  using BlockScan = cub::BlockScan<int32_t, kPlanThreads>;
+  extern __shared__ int32_t cursor[];  // counts, then the next free row per slot
+  __shared__ int32_t chunk_slot[kPlanThreads];
+  __shared__ int32_t chunk_row[kPlanThreads];
+  __shared__ typename BlockScan::TempStorage scan_storage;
+  const int tid = static_cast<int>(threadIdx.x);
+
+  for (int s = tid; s < L; s += kPlanThreads) cursor[s] = 0;
+  __syncthreads();
+  for (int i = tid; i < pairs; i += kPlanThreads) {
+    const int slot = SlotOf(ids, map, i, E, L);
+    if (slot >= 0) atomicAdd(&cursor[slot], 1);
+  }
+  __syncthreads();
+
+  int32_t row_base = 0, tile_base = 0;
+  for (int c = 0; c < L; c += kPlanThreads) {
+    const int s = c + tid;
+    const int32_t n = s < L ? cursor[s] : 0;
+    const int32_t tiles = (n + bm - 1) / bm;
+    int32_t row_excl, row_total, tile_excl, tile_total;
+    BlockScan(scan_storage).ExclusiveSum(n, row_excl, row_total);
+    __syncthreads();
+    BlockScan(scan_storage).ExclusiveSum(tiles, tile_excl, tile_total);
+    __syncthreads();
+    if (s < L) {
+      offsets[s] = row_base + row_excl;
+      tile_offsets[s] = tile_base + tile_excl;
+      cursor[s] = row_base + row_excl;
+    }
+    row_base += row_total;
+    tile_base += tile_total;
+  }
+  if (tid == 0) {
+    offsets[L] = row_base;
+    tile_offsets[L] = tile_base;
+  }
+  __syncthreads();
+
+  // Stable placement, 1024 pairs at a time: warp 0 walks the chunk's 32
+  // warps-worth of slots in order; lanes with the same slot get consecutive
+  // rows (by lane), and their leader advances the slot's cursor.
+  const int warp = tid / kWarpSize;
+  const int lane = tid % kWarpSize;
+  const unsigned lanes_below = (1u << lane) - 1u;
+  for (int c = 0; c < pairs; c += kPlanThreads) {
+    const int i = c + tid;
+    chunk_slot[tid] = i < pairs ? SlotOf(ids, map, i, E, L) : -1;
+    __syncthreads();
+    if (warp == 0) {
+      for (int w = 0; w < kPlanThreads / kWarpSize; ++w) {
+        const int slot = chunk_slot[w * kWarpSize + lane];
+        const unsigned peers = __match_any_sync(kFullMask, slot);
+        const int leader = __ffs(peers) - 1;
+        int32_t base = 0;
+        if (slot >= 0 && lane == leader) {
+          base = cursor[slot];
+          cursor[slot] = base + __popc(peers);
+        }
+        base = __shfl_sync(kFullMask, base, leader);
+        chunk_row[w * kWarpSize + lane] = slot >= 0 ? base + __popc(peers & lanes_below) : -1;
+        __syncwarp();
+      }
+    }
+    __syncthreads();
+    if (i < pairs) {
+      const int32_t row = chunk_row[tid];
+      row_of[i] = row;
+      if (row >= 0) token_of_row[row] = i / K;
+    }
+    // chunk_slot / chunk_row are rewritten only after the next barrier.
+  }
+}
+
+// ---- Routed experts: grouped GEMM -------------------------------------------------
+
+// C[r, c] = sum_j A[r, j] * B_slot[c, j] over the rows r of each slot, both
+// operands K-contiguous. blockIdx.x is a row tile of the plan (slot found by
+// binary search in tile_offsets), blockIdx.y a tile of BN output columns.
+struct GroupedGemmArgs {
+  const float* a;              // kGateUp: x (rows gathered via token_of_row); else act
+  int64_t lda;
+  const int32_t* token_of_row;  // kGateUp only
+  const float* b;              // slot s at b + s * b_slot_stride; rows of length k
+  int64_t b_slot_stride;
+  int n;                       // output columns (kGateUp: I, up rows at b row n + c)
+  int k;                       // reduction length
+  float* c;
+  int64_t ldc;
+  const int32_t* offsets;
+  const int32_t* tile_offsets;
+  int num_slots;
+};
+
+template <int BM, int BN, int BK, int TM, int TN, bool kGateUp>
+__global__ void __launch_bounds__((BM / TM) * (BN / TN))
+    MoeGroupedGemmKernel(GroupedGemmArgs p) {
+  constexpr int kThreads = (BM / TM) * (BN / TN);
+  constexpr int kColThreads = BN / TN;
+  constexpr int kALoads = BM * BK / kThreads;
+  constexpr int kBLoads = BN * BK / kThreads;
+  constexpr int kNumB = kGateUp ? 2 : 1;
+  static_assert(BM * BK % kThreads == 0 && BN * BK % kThreads == 0, "tile loads must divide");
+  static_assert(kThreads % BK == 0, "a thread keeps its column of the k tile");
+
+  const int tile = static_cast<int>(blockIdx.x);
+  const int L = p.num_slots;
+  if (tile >= p.tile_offsets[L]) return;  // beyond the planned tiles
+  int lo = 0, hi = L - 1;  // the last slot whose first tile is <= tile
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (p.tile_offsets[mid] <= tile) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int slot = lo;
+  const int row0 = p.offsets[slot] + (tile - p.tile_offsets[slot]) * BM;
+  const int rows = min(BM, p.offsets[slot + 1] - row0);
+  const int col0 = static_cast<int>(blockIdx.y) * BN;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int tx = tid % kColThreads;
+  const int ty = tid / kColThreads;
+  // The k column a thread loads is the same for all its loads.
+  const int load_k = tid % BK;
+
+  // +1 padding: the transposed stores hit distinct banks.
+  __shared__ float as[BK][BM + 1];
+  __shared__ float bs[kNumB][BK][BN + 1];
+
+  const float* a_row[kALoads];
+#pragma unroll
+  for (int i = 0; i < kALoads; ++i) {
+    const int m = (tid + i * kThreads) / BK;
+    const float* ptr = nullptr;
+    if (m < rows) {
+      const int64_t r = kGateUp ? p.token_of_row[row0 + m] : row0 + m;
+      ptr = p.a + r * p.lda;
+    }
+    a_row[i] = ptr;
+  }
+  const float* b_slot = p.b + static_cast<int64_t>(slot) * p.b_slot_stride;
+  const float* b_row[kNumB][kBLoads];
+#pragma unroll
+  for (int i = 0; i < kBLoads; ++i) {
+    const int c = col0 + (tid + i * kThreads) / BK;
+#pragma unroll
+    for (int h = 0; h < kNumB; ++h) {
+      b_row[h][i] = c < p.n ? b_slot + (static_cast<int64_t>(h) * p.n + c) * p.k : nullptr;
+    }
+  }
+
+  float acc[kNumB][TM][TN];
+#pragma unroll
+  for (int h = 0; h < kNumB; ++h) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+#pragma unroll
+      for (int j = 0; j < TN; ++j) acc[h][i][j] = 0.0f;
+    }
+  }
+
+  for (int k0 = 0; k0 < p.k; k0 += BK) {
+    const int kk = k0 + load_k;
+    const bool k_ok = kk < p.k;
+#pragma unroll
+    for (int i = 0; i < kALoads; ++i) {
+      const int m = (tid + i * kThreads) / BK;
+      as[load_k][m] = a_row[i] != nullptr && k_ok ? a_row[i][kk] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kBLoads; ++i) {
+      const int c = (tid + i * kThreads) / BK;
+#pragma unroll
+      for (int h = 0; h < kNumB; ++h) {
+        bs[h][load_k][c] = b_row[h][i] != nullptr && k_ok ? b_row[h][i][kk] : 0.0f;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < BK; ++j) {
+      float a_frag[TM];
+#pragma unroll
+      for (int i = 0; i < TM; ++i) a_frag[i] = as[j][ty * TM + i];
+#pragma unroll
+      for (int h = 0; h < kNumB; ++h) {
+#pragma unroll
+        for (int n = 0; n < TN; ++n) {
+          const float b = bs[h][j][tx + n * kColThreads];
+#pragma unroll
+          for (int i = 0; i < TM; ++i) acc[h][i][n] = fmaf(a_frag[i], b, acc[h][i][n]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+#pragma unroll
+  for (int i = 0; i < TM; ++i) {
+    const int m = ty * TM + i;
+    if (m >= rows) continue;
+    float* c_row = p.c + static_cast<int64_t>(row0 + m) * p.ldc;
+#pragma unroll
+    for (int n = 0; n < TN; ++n) {
+      const int c = col0 + tx + n * kColThreads;
+      if (c >= p.n) continue;
+      if constexpr (kGateUp) {
+        // silu(gate) * up, the host's expression.
+        const float g = acc[0][i][n];
+        c_row[c] = g / (1.0f + expf(-g)) * acc[kNumB - 1][i][n];
+      } else {
+        c_row[c] = acc[0][i][n];
+      }
+    }
+  }
+}
+
+// Two tile shapes, chosen from the shapes alone (so a graph replays the same
+// kernels): short tiles when experts get few rows each (decode), tall ones
+// otherwise. Results are bitwise the same with either.
+struct TileConfig {
+  int bm;
+};
+constexpr int kTileK = 16;
+constexpr int kTileN = 64;
+constexpr TileConfig kSmallTiles{16};
+constexpr TileConfig kLargeTiles{64};
+// Average rows per local expert from which the tall tiles are used.
+constexpr int64_t kLargeTileRows = 32;
+
+template <bool kGateUp>
+cudaError_t LaunchGroupedGemm(const TileConfig& cfg, const GroupedGemmArgs& p, int max_tiles,
+                              cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(max_tiles),
+                  static_cast<unsigned>((p.n + kTileN - 1) / kTileN));
+  if (cfg.bm == kLargeTiles.bm) {
+    MoeGroupedGemmKernel<64, kTileN, kTileK, 4, 4, kGateUp><<<grid, 256, 0, stream>>>(p);
+  } else {
+    MoeGroupedGemmKernel<16, kTileN, kTileK, 1, 4, kGateUp><<<grid, 256, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+// ---- Routed experts: combine --------------------------------------------------------
+
+constexpr int kCombineThreads = 256;
+
+__global__ void __launch_bounds__(kCombineThreads)
+    MoeCombineKernel(const float* __restrict__ y, const int32_t* __restrict__ row_of,
+                     const float* __restrict__ topk_weights, int64_t T, int K, int D,
+                     float* __restrict__ out) {
+  const int64_t n = T * D;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = idx / D;
+    const int64_t d = idx - t * D;
+    float acc = 0.0f;
+    for (int k = 0; k < K; ++k) {  // k order: deterministic
+      const int32_t row = row_of[t * K + k];
+      if (row >= 0) acc += topk_weights[t * K + k] * y[static_cast<int64_t>(row) * D + d];
+    }
+    out[idx] = acc;
+  }
+}
+
+// ---- Workspace layout ----------------------------------------------------------------
+
+struct ExpertsLayout {
+  size_t offsets, tile_offsets, row_of, token_of_row, act, y, total;
+};
+
+size_t AlignUp256(size_t v) { return (v + 255) / 256 * 256; }
+
+ExpertsLayout MakeExpertsLayout(int64_t T, int64_t K, int64_t D, int64_t I, int64_t L) {
+  const size_t pairs = static_cast<size_t>(T < 0 || K < 0 ? 0 : T * K);
+  const size_t slots = static_cast<size_t>(L < 0 ? 0 : L) + 1;
+  const size_t d = static_cast<size_t>(D < 0 ? 0 : D);
+  const size_t i = static_cast<size_t>(I < 0 ? 0 : I);
+  ExpertsLayout l{};
+  size_t at = 0;
+  l.offsets = at;
+  at += AlignUp256(slots * sizeof(int32_t));
+  l.tile_offsets = at;
+  at += AlignUp256(slots * sizeof(int32_t));
+  l.row_of = at;
+  at += AlignUp256(pairs * sizeof(int32_t));
+  l.token_of_row = at;
+  at += AlignUp256(pairs * sizeof(int32_t));
+  l.act = at;
+  at += AlignUp256(pairs * i * sizeof(float));
+  l.y = at;
+  at += AlignUp256(pairs * d * sizeof(float));
+  l.total = at;
+  return l;
+}
+
+}  // namespace
+
+cudaError_t LaunchMoeRoute(const MoeRouteParams& params, const float* logits, int64_t logits_ld,
+                           const float* correction_bias, int64_t num_tokens, int32_t* topk_ids,
+                           float* topk_weights, cudaStream_t stream) {
+  if (num_tokens <= 0) return cudaSuccess;
+  const int E = params.num_experts;
+  const int G = params.n_group;
+  if (E <= 0 || E > kMoeRouteMaxExperts || G <= 0 || G > E || params.top_k <= 0 ||
+      params.top_k > E) {
+    return cudaErrorInvalidValue;
+  }
+  const int warps = RouteWarpsPerBlock(E, G);
+  if (warps < 1) return cudaErrorInvalidValue;
+  const int64_t blocks = (num_tokens + warps - 1) / warps;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  const size_t smem = static_cast<size_t>(warps) * RouteWarpBytes(E, G);
+  MoeRouteKernel<<<static_cast<unsigned>(blocks), warps * kWarpSize, smem, stream>>>(
+      params, logits, logits_ld, correction_bias, num_tokens, topk_ids, topk_weights);
+  return cudaGetLastError();
+}
+
+size_t MoeExpertsWorkspaceBytes(int64_t T, int64_t K, int64_t D, int64_t I, int64_t L) {
+  return MakeExpertsLayout(T, K, D, I, L).total;
+}
+
+cudaError_t LaunchMoeExperts(const MoeExpertsArgs& a, cudaStream_t stream) {
+  if (a.T < 0 || a.K < 0 || a.E < 0 || a.L < 0 || a.D < 0 || a.I < 0 ||
+      a.L > kMoeMaxLocalExperts || a.D > kMoeMaxColumns || a.I > kMoeMaxColumns ||
+      static_cast<int64_t>(a.T) * a.K > 0x7fffffff) {
+    return cudaErrorInvalidValue;
+  }
+  const ExpertsLayout layout = MakeExpertsLayout(a.T, a.K, a.D, a.I, a.L);
+  if (a.workspace_bytes < layout.total || (a.workspace == nullptr && layout.total > 0)) {
+    return cudaErrorInvalidValue;
+  }
+  if (a.T == 0 || a.D == 0) return cudaSuccess;
+  char* ws = static_cast<char*>(a.workspace);
+  int32_t* row_of = reinterpret_cast<int32_t*>(ws + layout.row_of);
+  float* y = reinterpret_cast<float*>(ws + layout.y);
+  const int pairs = a.T * a.K;
+
+  if (pairs > 0) {
+    int32_t* offsets = reinterpret_cast<int32_t*>(ws + layout.offsets);
+    int32_t* tile_offsets = reinterpret_cast<int32_t*>(ws + layout.tile_offsets);
+    int32_t* token_of_row = reinterpret_cast<int32_t*>(ws + layout.token_of_row);
+    float* act = reinterpret_cast<float*>(ws + layout.act);
+    const TileConfig cfg =
+        static_cast<int64_t>(pairs) >= kLargeTileRows * (a.L > 0 ? a.L : 1) ? kLargeTiles
+                                                                             : kSmallTiles;
+    MoePlanKernel<<<1, kPlanThreads, static_cast<size_t>(a.L) * sizeof(int32_t), stream>>>(
+        a.topk_ids, pairs, a.K, a.expert_map, a.E, a.L, cfg.bm, offsets, tile_offsets, row_of,
+        token_of_row);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    // Worst case over every routing: sum over slots of ceil(n_s / BM).
+    const int max_tiles = (pairs + cfg.bm - 1) / cfg.bm + (a.L < pairs ? a.L : pairs);
+
+    GroupedGemmArgs gu{};
+    gu.a = a.x;
+    gu.lda = a.x_ld;
+    gu.token_of_row = token_of_row;
+    gu.b = a.w_gate_up;
+    gu.b_slot_stride = int64_t{2} * a.I * a.D;
+    gu.n = a.I;
+    gu.k = a.D;
+    gu.c = act;
+    gu.ldc = a.I;
+    gu.offsets = offsets;
+    gu.tile_offsets = tile_offsets;
+    gu.num_slots = a.L;
+    // I == 0: no activations; the down GEMM then sums nothing (y = 0).
+    if (a.I > 0) {
+      err = LaunchGroupedGemm<true>(cfg, gu, max_tiles, stream);
+      if (err != cudaSuccess) return err;
+    }
+
+    GroupedGemmArgs dn = gu;
+    dn.a = act;
+    dn.lda = a.I;
+    dn.token_of_row = nullptr;
+    dn.b = a.w_down;
+    dn.b_slot_stride = static_cast<int64_t>(a.D) * a.I;
+    dn.n = a.D;
+    dn.k = a.I;
+    dn.c = y;
+    dn.ldc = a.D;
+    err = LaunchGroupedGemm<false>(cfg, dn, max_tiles, stream);
+    if (err != cudaSuccess) return err;
+  }
+
+  const int64_t n = static_cast<int64_t>(a.T) * a.D;
+  int64_t blocks = (n + kCombineThreads - 1) / kCombineThreads;
+  if (blocks > 65535 * 8) blocks = 65535 * 8;
+  MoeCombineKernel<<<static_cast<unsigned>(blocks), kCombineThreads, 0, stream>>>(
+      y, row_of, a.topk_weights, a.T, a.K, a.D, a.out);
+  return cudaGetLastError();
+}
+
+}  // namespace mlag::cuda

@@ -1,0 +1,408 @@
+#include "kernels/cuda_blas.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/cuda/linear.cuh"
+#include "runtime/core/cuda_status.h"
+#include "runtime/core/device.h"
+#include "runtime/core/status.h"
+
+namespace mlag::cuda_blas {
+namespace {
+
+// Status for a cuBLAS(Lt) return code: Internal naming the call and where.
+absl::Status LtStatus(cublasStatus_t status, const char* call, const char* where) {
+  if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(call, " failed with ", cublasLtGetStatusName(status), " (",
+                                          static_cast<int>(status),
+                                          "): ", cublasLtGetStatusString(status), " at ", where));
+}
+
+#define MLAG_CUBLAS_RETURN_IF_ERROR(call) \
+  MLAG_RETURN_IF_ERROR(LtStatus((call), #call, MLAG_WHERE_))
+
+// cuBLASLt's column-major problem D[m, n] = op(A)[m, k] * op(B)[k, n], with
+// everything an algorithm choice depends on. Row-major callers pass their
+// transposes (see Linear and HeadMatmul below).
+struct GemmKey {
+  bool trans_a = false;
+  bool trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  int32_t batch = 1;  // strides are 0 when batch == 1
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+  // Largest power of two (4..256 bytes) dividing the pointer, the leading
+  // dimension and (batched) the batch stride, in bytes: what the algorithm
+  // may assume about every matrix it touches.
+  uint32_t align_a = 0, align_b = 0, align_c = 0;
+
+  auto Tie() const {
+    return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldc, batch, stride_a, stride_b, stride_c,
+                    align_a, align_b, align_c);
+  }
+  friend bool operator==(const GemmKey& a, const GemmKey& b) { return a.Tie() == b.Tie(); }
+  template <typename H>
+  friend H AbslHashValue(H h, const GemmKey& key) {
+    return H::combine(std::move(h), key.Tie());
+  }
+
+  std::string ToString() const {
+    return absl::StrCat("m=", m, " n=", n, " k=", k, " transa=", trans_a ? "T" : "N",
+                        " transb=", trans_b ? "T" : "N", " lda=", lda, " ldb=", ldb,
+                        " ldc=", ldc, " batch=", batch, " strides=", stride_a, "/", stride_b, "/",
+                        stride_c, " align=", align_a, "/", align_b, "/", align_c);
+  }
+};
+
+uint32_t Alignment(const void* p, int64_t ld, int32_t batch, int64_t batch_stride) {
+  uint64_t bits = reinterpret_cast<uintptr_t>(p) | static_cast<uint64_t>(ld) * sizeof(float);
+  if (batch > 1) bits |= static_cast<uint64_t>(batch_stride) * sizeof(float);
+  uint32_t align = 256;
+  while (align > 4 && bits % align != 0) align /= 2;
+  return align;
+}
+
+// Descriptors and the chosen algorithm of one GemmKey. Created once, in an
+// eager launch; used by every later launch of the shape, captured or not.
+struct GemmPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+
+  GemmPlan() = default;
+  GemmPlan(const GemmPlan&) = delete;
+  GemmPlan& operator=(const GemmPlan&) = delete;
+  ~GemmPlan() {
+    // Destroy calls only free host memory; their status carries nothing to act on.
+    if (c != nullptr) cublasLtMatrixLayoutDestroy(c);
+    if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
+    if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
+    if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+// A column-major f32 layout of rows x cols with leading dimension ld, batched
+// with the given stride when batch > 1.
+absl::Status MakeLayout(cublasLtMatrixLayout_t* layout, int64_t rows, int64_t cols, int64_t ld,
+                        int32_t batch, int64_t stride) {
+  MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(layout, CUDA_R_32F, static_cast<uint64_t>(rows),
+                                                         static_cast<uint64_t>(cols), ld));
+  if (batch > 1) {
+    MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutSetAttribute(
+        *layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
+    MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutSetAttribute(
+        *layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+  }
+  return absl::OkStatus();
+}
+
+// Preference descriptor owner (destroyed on every path).
+struct Preference {
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~Preference() {
+    if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
+  }
+};
+
+absl::StatusOr<std::unique_ptr<GemmPlan>> MakePlan(cublasLtHandle_t handle, const GemmKey& key,
+                                                   size_t workspace_bytes) {
+  auto plan = std::make_unique<GemmPlan>();
+  MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_a = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  // Layouts describe the matrices as stored: a transposed A is k x m.
+  MLAG_RETURN_IF_ERROR(MakeLayout(&plan->a, key.trans_a ? key.k : key.m,
+                                  key.trans_a ? key.m : key.k, key.lda, key.batch, key.stride_a));
+  MLAG_RETURN_IF_ERROR(MakeLayout(&plan->b, key.trans_b ? key.n : key.k,
+                                  key.trans_b ? key.k : key.n, key.ldb, key.batch, key.stride_b));
+  MLAG_RETURN_IF_ERROR(MakeLayout(&plan->c, key.m, key.n, key.ldc, key.batch, key.stride_c));
+
+  Preference pref;
+  MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref.pref));
+  const uint64_t max_workspace = workspace_bytes;
+  MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+      pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace, sizeof(max_workspace)));
+  MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+      pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.align_a, sizeof(key.align_a)));
+  MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+      pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.align_b, sizeof(key.align_b)));
+  MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+      pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.align_c, sizeof(key.align_c)));
+  MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+      pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align_c, sizeof(key.align_c)));
+
+  cublasLtMatmulHeuristicResult_t result{};
+  int returned = 0;
+  MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(
+      handle, plan->desc, plan->a, plan->b, plan->c, plan->c, pref.pref, 1, &result, &returned));
+  if (returned < 1) {
+    return absl::InternalError(absl::StrCat(
+        "cublasLtMatmulAlgoGetHeuristic found no algorithm for ", key.ToString()));
+  }
+  plan->algo = result.algo;
+  return plan;
+}
+
+// The per-stream context (see the header).
+class Context {
+ public:
+  static absl::StatusOr<std::unique_ptr<Context>> Create(Stream& stream) {
+    std::unique_ptr<Context> ctx(new Context(stream.native()));
+    MLAG_RETURN_IF_ERROR(stream.device().MakeCurrent());
+    MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&ctx->handle_));
+    MLAG_ASSIGN_OR_RETURN(ctx->workspace_, stream.device().Allocate(kWorkspaceBytes));
+    return ctx;
+  }
+
+  ~Context() {
+    {
+      absl::MutexLock lock(&mu_);
+      plans_.clear();  // descriptors before the handle
+    }
+    if (handle_ != nullptr) cublasLtDestroy(handle_);
+  }
+
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  void* native() const { return native_; }
+  cublasLtHandle_t handle() const { return handle_; }
+  void* workspace() const { return workspace_.data(); }
+  size_t workspace_bytes() const { return workspace_.bytes(); }
+
+  // The plan of `key`: cached, or chosen now when not capturing.
+  absl::StatusOr<const GemmPlan*> Plan(const GemmKey& key, bool capturing,
+                                       absl::string_view op, absl::string_view shape) {
+    absl::MutexLock lock(&mu_);
+    auto it = plans_.find(key);
+    if (it != plans_.end()) return it->second.get();
+    if (capturing) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          op, ": no cuBLASLt algorithm cached for ", shape, " (", key.ToString(),
+          ") during a graph capture; run this shape eagerly on the stream before capturing it "
+          "(the model runner warms up every batch size before capture)"));
+    }
+    MLAG_ASSIGN_OR_RETURN(std::unique_ptr<GemmPlan> plan,
+                          MakePlan(handle_, key, workspace_.bytes()));
+    const GemmPlan* p = plan.get();
+    plans_.emplace(key, std::move(plan));
+    return p;
+  }
+
+  size_t plan_count() {
+    absl::MutexLock lock(&mu_);
+    return plans_.size();
+  }
+
+  absl::StatusOr<void*> Scratch(Stream& stream, size_t bytes, absl::string_view user) {
+    absl::MutexLock lock(&mu_);
+    if (bytes <= scratch_.bytes()) return bytes == 0 ? nullptr : scratch_.data();
+    if (stream.capturing()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          user, ": needs ", bytes, " bytes of per-stream scratch during a graph capture, ",
+          scratch_.bytes(),
+          " allocated; run this shape eagerly before capturing it, or pass a workspace"));
+    }
+    const size_t grown = std::max(bytes, 2 * scratch_.bytes());
+    MLAG_ASSIGN_OR_RETURN(Buffer fresh, stream.device().Allocate(grown));
+    // Graphs captured earlier may point into the old buffer: keep it.
+    if (scratch_.bytes() > 0) retired_scratch_.push_back(std::move(scratch_));
+    scratch_ = std::move(fresh);
+    return scratch_.data();
+  }
+
+ private:
+  explicit Context(void* native) : native_(native) {}
+
+  void* native_;
+  cublasLtHandle_t handle_ = nullptr;
+  Buffer workspace_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<GemmKey, std::unique_ptr<GemmPlan>> plans_ ABSL_GUARDED_BY(mu_);
+  Buffer scratch_ ABSL_GUARDED_BY(mu_);
+  std::vector<Buffer> retired_scratch_ ABSL_GUARDED_BY(mu_);
+};
+
+struct Registry {
+  absl::Mutex mu;
+  absl::flat_hash_map<const Stream*, std::shared_ptr<Context>> contexts ABSL_GUARDED_BY(mu);
+};
+
+// Leaked on purpose: destroying handles and freeing memory during static
+// destruction can race the CUDA runtime's own teardown.
+Registry& GetRegistry() {
+  static Registry* registry = new Registry();
+  return *registry;
+}
+
+// The context of `stream`, created on its first eager use.
+absl::StatusOr<std::shared_ptr<Context>> GetContext(Stream& stream, absl::string_view op) {
+  if (!stream.is_cuda()) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": cuBLASLt on a host stream"));
+  }
+  Registry& r = GetRegistry();
+  absl::MutexLock lock(&r.mu);
+  auto it = r.contexts.find(&stream);
+  if (it != r.contexts.end() && it->second->native() == stream.native()) return it->second;
+  if (stream.capturing()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        op, ": the stream has no CUDA context yet and none can be created during a graph "
+            "capture; run every shape eagerly on the stream before capturing it"));
+  }
+  MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Context> created, Context::Create(stream));
+  std::shared_ptr<Context> ctx(std::move(created));
+  r.contexts[&stream] = ctx;  // replaces a context left by a destroyed Stream
+  return ctx;
+}
+
+// Runs one planned matmul D = op(A) op(B) on the stream as op `op`.
+absl::Status RunGemm(Stream& stream, absl::string_view op, absl::string_view shape,
+                     const GemmKey& key, const void* a, const void* b, void* c) {
+  MLAG_ASSIGN_OR_RETURN(std::shared_ptr<Context> ctx, GetContext(stream, op));
+  MLAG_ASSIGN_OR_RETURN(const GemmPlan* plan, ctx->Plan(key, stream.capturing(), op, shape));
+  static const float kOne = 1.0f;
+  static const float kZero = 0.0f;
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+  absl::Status launched = stream.LaunchCuda(op, OpKind::kGemm, [&](void* s) {
+    status = cublasLtMatmul(ctx->handle(), plan->desc, &kOne, a, plan->a, b, plan->b, &kZero, c,
+                            plan->c, c, plan->c, &plan->algo, ctx->workspace(),
+                            ctx->workspace_bytes(), static_cast<cudaStream_t>(s));
+    // LaunchCuda speaks cudaError_t: a failed cublasLtMatmul is reported as
+    // cudaErrorUnknown there (and poisons a capture); the status below names it.
+    return status == CUBLAS_STATUS_SUCCESS ? 0 : static_cast<int>(cudaErrorUnknown);
+  });
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    absl::Status s = LtStatus(status, "cublasLtMatmul", MLAG_WHERE_);
+    return absl::Status(s.code(), absl::StrCat(op, " ", shape, ": ", s.message()));
+  }
+  return launched;
+}
+
+// Zeroes an f32 [n0, n1, n2] view (an empty reduction's result).
+absl::Status LaunchZero(Stream& stream, absl::string_view op, float* p, int64_t n0, int64_t n1,
+                        int64_t n2, int64_t stride0, int64_t stride1) {
+  return stream.LaunchCuda(op, OpKind::kGemm, [&](void* s) {
+    return static_cast<int>(
+        cuda::LaunchZeroF32(p, n0, n1, n2, stride0, stride1, static_cast<cudaStream_t>(s)));
+  });
+}
+
+}  // namespace
+
+absl::Status Linear(Stream& stream, const Tensor& x, const Tensor& weight, const Tensor& y) {
+  const int64_t rows = x.size(0);
+  const int64_t in = x.size(1);
+  const int64_t out = weight.size(0);
+  if (rows == 0 || out == 0) return absl::OkStatus();
+  if (in == 0) {
+    return LaunchZero(stream, "linear", y.data_as<float>(), rows, 1, out, y.stride(0), 0);
+  }
+  // Column-major: y^T [out, rows] = W [out, in] (stored in x out, ld in, so
+  // transposed) * x^T [in, rows] (ld = x's row stride). A single row's stride
+  // is never used; cuBLASLt still wants ld >= rows of the stored matrix.
+  GemmKey key;
+  key.trans_a = true;
+  key.trans_b = false;
+  key.m = out;
+  key.n = rows;
+  key.k = in;
+  key.lda = in;
+  key.ldb = rows > 1 ? x.stride(0) : in;
+  key.ldc = rows > 1 ? y.stride(0) : out;
+  key.align_a = Alignment(weight.data(), key.lda, 1, 0);
+  key.align_b = Alignment(x.data(), key.ldb, 1, 0);
+  key.align_c = Alignment(y.data(), key.ldc, 1, 0);
+  const std::string shape =
+      absl::StrCat("x ", x.ShapeString(), " (row stride ", x.stride(0), ") * weight ",
+                   weight.ShapeString(), "^T -> y ", y.ShapeString(), " (row stride ", y.stride(0), ")");
+  return RunGemm(stream, "linear", shape, key, weight.data(), x.data(), y.data());
+}
+
+absl::Status HeadMatmul(Stream& stream, const Tensor& x, const Tensor& weight, bool transpose_w,
+                        const Tensor& out) {
+  const int64_t rows = x.size(0);
+  const int64_t heads = x.size(1);
+  const int64_t k = x.size(2);
+  const int64_t n = out.size(2);
+  if (rows == 0 || heads == 0 || n == 0) return absl::OkStatus();
+  if (k == 0) {
+    return LaunchZero(stream, "head_matmul", out.data_as<float>(), rows, heads, n, out.stride(0),
+                      out.stride(1));
+  }
+  // Per head h, column-major: out_h^T [n, rows] = B_h^T [n, k] * x_h^T [k, rows].
+  // W[h] [k, n] row-major is [n, k] column-major with ld n (no transpose);
+  // W[h] [n, k] row-major is [k, n] column-major with ld k (transposed).
+  GemmKey key;
+  key.trans_a = transpose_w;
+  key.trans_b = false;
+  key.m = n;
+  key.n = rows;
+  key.k = k;
+  key.lda = transpose_w ? k : n;
+  key.ldb = rows > 1 ? x.stride(0) : k;
+  key.ldc = rows > 1 ? out.stride(0) : n;
+  key.batch = static_cast<int32_t>(heads);
+  if (heads > 1) {
+    key.stride_a = n * k;
+    key.stride_b = x.stride(1);
+    key.stride_c = out.stride(1);
+  }
+  key.align_a = Alignment(weight.data(), key.lda, key.batch, key.stride_a);
+  key.align_b = Alignment(x.data(), key.ldb, key.batch, key.stride_b);
+  key.align_c = Alignment(out.data(), key.ldc, key.batch, key.stride_c);
+  const std::string shape = absl::StrCat(
+      "x ", x.ShapeString(), " (strides ", x.stride(0), ", ", x.stride(1), ") with weight ",
+      weight.ShapeString(), transpose_w ? " transposed" : "", " -> out ", out.ShapeString(),
+      " (strides ", out.stride(0), ", ", out.stride(1), ")");
+  return RunGemm(stream, "head_matmul", shape, key, weight.data(), x.data(), out.data());
+}
+
+absl::StatusOr<void*> Scratch(Stream& stream, size_t bytes, absl::string_view user) {
+  MLAG_ASSIGN_OR_RETURN(std::shared_ptr<Context> ctx, GetContext(stream, user));
+  return ctx->Scratch(stream, bytes, user);
+}
+
+void ReleaseStreamContext(const Stream& stream) {
+  std::shared_ptr<Context> ctx;
+  {
+    Registry& r = GetRegistry();
+    absl::MutexLock lock(&r.mu);
+    auto it = r.contexts.find(&stream);
+    if (it == r.contexts.end()) return;
+    ctx = std::move(it->second);
+    r.contexts.erase(it);
+  }
+  // Destroyed here, outside the registry lock (unless another thread still
+  // holds it mid-launch; then when that launch returns).
+}
+
+size_t CachedAlgorithmCount(const Stream& stream) {
+  std::shared_ptr<Context> ctx;
+  {
+    Registry& r = GetRegistry();
+    absl::MutexLock lock(&r.mu);
+    auto it = r.contexts.find(&stream);
+    if (it == r.contexts.end() || it->second->native() != stream.native()) return 0;
+    ctx = it->second;
+  }
+  return ctx->plan_count();
+}
+
+}  // namespace mlag::cuda_blas

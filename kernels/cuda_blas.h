@@ -1,0 +1,76 @@
+// Per-stream CUDA context for kernels/: cuBLASLt matmuls with a cache of
+// chosen algorithms, and a persistent device scratch buffer. Built only when
+// CUDA is on (kernels/meson.build); callers guard with MLAG_HAVE_CUDA.
+//
+// Contexts. Each Stream that runs a CUDA matmul (or asks for scratch) gets
+// one context, created lazily on its first eager use: a cublasLt handle, a
+// fixed kWorkspaceBytes cuBLASLt workspace, an algorithm cache and the
+// scratch buffer. Contexts live in a process-wide registry keyed by the
+// Stream's address behind a mutex; ReleaseStreamContext(stream) frees one
+// (call it before destroying a Stream, or never: the registry is reclaimed at
+// process exit). A context found under the address of a destroyed Stream is
+// recognised by its different cudaStream_t and replaced.
+//
+// Graph capture. Choosing an algorithm (cublasLtMatmulAlgoGetHeuristic) and
+// allocating memory happen only in EAGER launches. During a capture
+// (stream.capturing()) a matmul whose shape -- (m, n, k), leading dimensions,
+// transposes, batch count and strides, pointer alignments -- has no cached
+// algorithm fails with FailedPrecondition naming the shape, and scratch
+// cannot grow. The model runner always runs every batch size eagerly (a
+// warm-up) before capturing it, with the same buffers, so the captured launches
+// find their algorithms and scratch in place.
+//
+// Sharing. The cuBLASLt workspace and the scratch buffer belong to the
+// stream: eager launches on it and graphs captured on it all use them, which
+// is safe because they run in stream order. Replay such graphs on the stream
+// they were captured on (or strictly ordered with it), never concurrently
+// with it.
+//
+// Numerics: f32 operands, f32 output, CUBLAS_COMPUTE_32F (no TF32), alpha 1,
+// beta 0 (the output is write-only: stale contents, even NaN, never leak in).
+#pragma once
+
+#include <cstddef>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "runtime/core/stream.h"
+#include "runtime/core/tensor.h"
+
+namespace mlag::cuda_blas {
+
+// cuBLASLt workspace per context (32 MiB, what cuBLAS recommends for Hopper).
+// Fixed for the context's life, so captured matmuls keep a valid pointer.
+inline constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+// y = x W^T (see kernels/linear.h), validated by kernels/linear.cc: f32, x and
+// y row-major with valid leading dimensions, W [out, in] contiguous, all
+// sizes within int.
+absl::Status Linear(Stream& stream, const Tensor& x, const Tensor& weight, const Tensor& y);
+
+// Strided-batched matmul over heads (see kernels/linear.h), validated by
+// kernels/linear.cc. One cublasLtMatmul with batch count H.
+absl::Status HeadMatmul(Stream& stream, const Tensor& x, const Tensor& weight, bool transpose_w,
+                        const Tensor& out);
+
+// A device buffer of at least `bytes` that persists with the stream's
+// context, for kernels whose scratch the caller did not provide (MoeExperts).
+// Launches on one stream run in order, so every user of the stream shares it.
+// It grows only in eager mode (geometrically); the buffer it replaces is kept
+// alive until the context is released, because graphs captured earlier still
+// point into it. During a capture a request larger than the current buffer
+// fails with FailedPrecondition naming `user` and the sizes. `bytes` == 0
+// gives nullptr.
+absl::StatusOr<void*> Scratch(Stream& stream, size_t bytes, absl::string_view user);
+
+// Frees the context of `stream` (handle, workspace, scratch, cached
+// algorithms), if any. Work already enqueued must have finished (cudaFree
+// synchronises the device anyway); graphs captured on the stream must not be
+// replayed afterwards.
+void ReleaseStreamContext(const Stream& stream);
+
+// Algorithms cached for `stream` (0 without a context), for tests.
+size_t CachedAlgorithmCount(const Stream& stream);
+
+}  // namespace mlag::cuda_blas
