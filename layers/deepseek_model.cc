@@ -82,7 +82,7 @@ absl::Status DeepseekModel::Load(WeightSource& source) {
 
 DeepseekModel::WeightBytes DeepseekModel::weight_breakdown() const {
   WeightBytes w;
-  w.total = arena_.bytes();
+  w.total = weight_bytes();
   w.embedding = embed_.nbytes();
   w.rope_table = rope_table_.nbytes();
   for (const auto& moe : moes_) {
@@ -111,6 +111,14 @@ absl::Status DeepseekModel::MigrateExperts(Stream& stream, Communicator& world,
     if (moe) MLAG_RETURN_IF_ERROR(moe->MigrateExperts(stream, world, from, to));
   }
   return absl::OkStatus();
+}
+
+size_t DeepseekModel::weight_bytes() const {
+  size_t bytes = arena_.bytes();
+  for (const auto& moe : moes_) {
+    if (moe) bytes += moe->expert_buffer_bytes();
+  }
+  return bytes;
 }
 
 void DeepseekModel::BindKvCache(int layer, const Tensor& cache) {

@@ -85,7 +85,8 @@ class DeepseekModel {
   int num_layers() const { return config_.num_hidden_layers; }
   MlaAttention& attention(int layer) { return blocks_[layer]->attention(); }
   Device& device() const { return *device_; }
-  size_t weight_bytes() const { return arena_.bytes(); }
+  // Bytes of every parameter held (the arena plus the routed experts).
+  size_t weight_bytes() const;
 
  private:
   DeepseekModel(const ModelConfig& config, Device* device, const ModelOptions& options);

@@ -58,6 +58,9 @@ class Moe {
 
   // Bytes of one routed expert's weights (gate, up and down).
   size_t expert_bytes() const;
+  // Bytes of the routed-expert buffers this block holds (owned here, not in
+  // the model's weight arena).
+  size_t expert_buffer_bytes() const { return gate_up_buf_.bytes() + down_buf_.bytes(); }
 
   const std::vector<int>& local_experts() const { return local_experts_; }
 

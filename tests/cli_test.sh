@@ -74,6 +74,22 @@ if "$MLAG" export --model tiny-v2 --out "$TMP/tiny-v2" >/dev/null; then ok; else
 "$MLAG" run --model "$TMP/tiny-v2" --num-requests 3 --prompt-len 9 --max-tokens 4 --json >"$TMP/b.json"
 if [ -n "$(tokens "$TMP/a.json")" ] && [ "$(tokens "$TMP/a.json")" = "$(tokens "$TMP/b.json")" ]; then ok; else bad "exported model differs"; fi
 
+# mlag bench prints JSON with positive byte counts and a measured ceiling.
+if "$MLAG" bench --model tiny-v3 --batch-sizes 1,8 --steps 2 --prefill-len 16 --bandwidth-gib 0.25 --json >"$TMP/bench.json" 2>"$TMP/err"; then ok; else bad "bench failed: $(cat "$TMP/err")"; fi
+if command -v python3 >/dev/null 2>&1; then
+  if python3 - "$TMP/bench.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["machine"]["bandwidth_gb_s"] > 0, j["machine"]
+assert [d["batch"] for d in j["decode"]] == [1, 8], j["decode"]
+for d in j["decode"]:
+    assert d["bytes_per_step"] > 0 and d["graph_ms"] > 0 and d["eager_ms"] > 0, d
+    assert 0 < d["fraction_of_bandwidth"], d
+assert j["prefill"]["tokens_per_s"] > 0
+PY
+  then ok; else bad "bench JSON content"; fi
+fi
+
 # mlag graphs lists kv_update immediately followed by mla.
 "$MLAG" graphs --model tiny-v3 --size 8 --max-num-seqs 8 --dot "$TMP/g.dot" >"$TMP/graphs.txt"
 if grep -q "^size 8: " "$TMP/graphs.txt" && grep -A1 "layers.2.attn.kv_update kernel" "$TMP/graphs.txt" | grep -q "layers.2.attn.mla kernel" && grep -q "digraph" "$TMP/g.dot"; then ok; else bad "graphs listing"; fi
