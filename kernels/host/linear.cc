@@ -15,7 +15,7 @@ namespace {
 // micro-kernel width, large enough that each item streams a good slab of W.
 constexpr int64_t kLinearColumnChunk = 64;
 // Up to this many rows, Linear and HeadMatmul use matrix-vector products.
-constexpr int64_t kSmallRowsGemv = 4;
+constexpr int64_t kSmallRowsGemv = 2;
 // Below this many multiply-adds a Linear runs on one thread.
 constexpr double kLinearSerialWork = 1 << 16;
 

@@ -17,7 +17,7 @@ namespace {
 
 constexpr int64_t kRouteChunk = 16;  // tokens per parallel routing work item
 // Experts with at most this many rows use matrix-vector products.
-constexpr int64_t kSmallRowsGemv = 4;
+constexpr int64_t kSmallRowsGemv = 2;
 
 // row[i] = silu(row[i]) * row[I + i] for i < I: the gate half becomes the
 // activation, in place.
