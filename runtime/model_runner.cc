@@ -150,10 +150,8 @@ absl::Status ModelRunner::RunOps(const AttentionMetadata& meta) {
                 Rows(top_p_, B), Rows(seeds_, B), Rows(steps_, B), Rows(sampled_, B));
 }
 
-namespace {
-
 // Host staging for the static buffers.
-struct Staging {
+struct ModelRunner::Staging {
   std::vector<int32_t> ids, positions, block_table, seq_lens, qsl, logits_idx, top_k, sampled;
   std::vector<int64_t> slots, seeds, steps;
   std::vector<float> temperature, top_p;
@@ -174,6 +172,8 @@ struct Staging {
   }
 };
 
+namespace {
+
 template <typename T>
 absl::Status Upload(Device& device, const Tensor& dst, const std::vector<T>& src) {
   return device.CopyFromHost(dst.data(), src.data(), src.size() * sizeof(T));
@@ -181,17 +181,7 @@ absl::Status Upload(Device& device, const Tensor& dst, const std::vector<T>& src
 
 }  // namespace
 
-absl::Status ModelRunner::FillDummy(const StepPlan& plan) {
-  const int rows = plan.rows;
-  const int seqs = plan.decode ? rows : 1;
-  Staging st;
-  st.Resize(rows, seqs, max_blocks_per_seq_);
-  if (plan.decode) {
-    for (int i = 0; i < rows; ++i) {
-      st.qsl[i + 1] = i + 1;
-      st.logits_idx[i] = i;
-    }
-  }  // else one empty sequence: qsl = [0, 0], every token row belongs to none
+absl::Status ModelRunner::UploadStaging(const Staging& st) {
   MLAG_RETURN_IF_ERROR(Upload(*device_, input_ids_, st.ids));
   MLAG_RETURN_IF_ERROR(Upload(*device_, positions_, st.positions));
   MLAG_RETURN_IF_ERROR(Upload(*device_, slot_mapping_, st.slots));
@@ -204,6 +194,20 @@ absl::Status ModelRunner::FillDummy(const StepPlan& plan) {
   MLAG_RETURN_IF_ERROR(Upload(*device_, top_p_, st.top_p));
   MLAG_RETURN_IF_ERROR(Upload(*device_, seeds_, st.seeds));
   return Upload(*device_, steps_, st.steps);
+}
+
+absl::Status ModelRunner::FillDummy(const StepPlan& plan) {
+  const int rows = plan.rows;
+  const int seqs = plan.decode ? rows : 1;
+  Staging st;
+  st.Resize(rows, seqs, max_blocks_per_seq_);
+  if (plan.decode) {
+    for (int i = 0; i < rows; ++i) {
+      st.qsl[i + 1] = i + 1;
+      st.logits_idx[i] = i;
+    }
+  }  // else one empty sequence: qsl = [0, 0], every token row belongs to none
+  return UploadStaging(st);
 }
 
 absl::Status ModelRunner::DummyStep(const StepPlan& plan) {
@@ -353,18 +357,7 @@ absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> s
     st.qsl[b + 1] = st.qsl[b] + 1;
     st.logits_idx[b] = st.qsl[b];
   }
-  MLAG_RETURN_IF_ERROR(Upload(*device_, input_ids_, st.ids));
-  MLAG_RETURN_IF_ERROR(Upload(*device_, positions_, st.positions));
-  MLAG_RETURN_IF_ERROR(Upload(*device_, slot_mapping_, st.slots));
-  MLAG_RETURN_IF_ERROR(Upload(*device_, block_table_, st.block_table));
-  MLAG_RETURN_IF_ERROR(Upload(*device_, seq_lens_, st.seq_lens));
-  MLAG_RETURN_IF_ERROR(Upload(*device_, query_start_loc_, st.qsl));
-  MLAG_RETURN_IF_ERROR(Upload(*device_, logits_indices_, st.logits_idx));
-  MLAG_RETURN_IF_ERROR(Upload(*device_, temperature_, st.temperature));
-  MLAG_RETURN_IF_ERROR(Upload(*device_, top_k_, st.top_k));
-  MLAG_RETURN_IF_ERROR(Upload(*device_, top_p_, st.top_p));
-  MLAG_RETURN_IF_ERROR(Upload(*device_, seeds_, st.seeds));
-  MLAG_RETURN_IF_ERROR(Upload(*device_, steps_, st.steps));
+  MLAG_RETURN_IF_ERROR(UploadStaging(st));
 
   StepResult result;
   result.replayed = replay;

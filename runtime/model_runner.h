@@ -161,6 +161,10 @@ class ModelRunner {
   absl::Status Init(ModelSource& source);
   // Metadata over the first `rows` rows of the static buffers.
   AttentionMetadata Metadata(int num_tokens, int num_seqs, bool decode_only) const;
+  // Host-side values of every static input buffer (defined in the .cc).
+  struct Staging;
+  // Copies a staging into the static buffers.
+  absl::Status UploadStaging(const Staging& st);
   // Writes a dummy step of `plan` into the static buffers.
   absl::Status FillDummy(const StepPlan& plan);
   // Forward + sampling on the static buffers (eager or recorded).
