@@ -11,9 +11,19 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   std::unique_ptr<Engine> e(new Engine());
   e->options_ = options;
   if (options.block_size < 1) return absl::InvalidArgumentError("block size must be >= 1");
-  if (options.max_num_seqs < 1) return absl::InvalidArgumentError("max_num_seqs must be >= 1");
-  if (options.max_num_batched_tokens < 1) {
-    return absl::InvalidArgumentError("max_num_batched_tokens must be >= 1");
+  constexpr int kMaxSeqs = 1 << 16, kMaxTokens = 1 << 20, kMaxBlockSize = 1 << 16;
+  if (options.max_num_seqs < 1 || options.max_num_seqs > kMaxSeqs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_num_seqs must be in [1, ", kMaxSeqs, "], got ", options.max_num_seqs));
+  }
+  if (options.max_num_batched_tokens < 1 || options.max_num_batched_tokens > kMaxTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("max_num_batched_tokens must be in [1, ",
+                                                   kMaxTokens, "], got ",
+                                                   options.max_num_batched_tokens));
+  }
+  if (options.block_size > kMaxBlockSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block size must be at most ", kMaxBlockSize, ", got ", options.block_size));
   }
   MLAG_ASSIGN_OR_RETURN(e->device_, Device::Create(options.device));
   MLAG_ASSIGN_OR_RETURN(ModelSource source, OpenModel(options.model));
@@ -201,6 +211,8 @@ absl::Status Engine::AdoptRequest(std::unique_ptr<Request> request) {
   if (requests_.count(request->id) > 0) {
     return absl::AlreadyExistsError(absl::StrCat("request id ", request->id, " is already in use"));
   }
+  // It was validated by the engine it came from, whose limits may differ.
+  MLAG_RETURN_IF_ERROR(ValidateRequest(request->spec));
   request->num_computed_tokens = 0;
   request->state = RequestState::kWaiting;
   next_id_ = std::max(next_id_, request->id + 1);

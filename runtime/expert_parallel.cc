@@ -80,6 +80,11 @@ absl::StatusOr<std::vector<std::unique_ptr<Request>>> Deserialize(const std::vec
     MLAG_ASSIGN_OR_RETURN(int64_t finish, next());
     MLAG_ASSIGN_OR_RETURN(int64_t state, next());
     MLAG_ASSIGN_OR_RETURN(int64_t n_stop, next());
+    const int64_t left = static_cast<int64_t>(in.size() - i);
+    if (prompt_len < 1 || num_tokens < prompt_len || n_stop < 0 || n_stop > left ||
+        num_tokens > left) {
+      return absl::DataLossError("malformed request record");
+    }
     r->num_prompt_tokens = static_cast<int>(prompt_len);
     r->spec.max_tokens = static_cast<int>(max_tokens);
     r->finish_reason = static_cast<FinishReason>(finish);
@@ -104,8 +109,14 @@ absl::StatusOr<std::vector<std::unique_ptr<Request>>> Deserialize(const std::vec
     }
     r->spec.prompt.assign(r->tokens.begin(), r->tokens.begin() + prompt_len);
     MLAG_ASSIGN_OR_RETURN(int64_t n_lp, next());
+    if (n_lp < 0 || n_lp > static_cast<int64_t>(in.size() - i)) {
+      return absl::DataLossError("malformed request record");
+    }
     for (int64_t e = 0; e < n_lp; ++e) {
       MLAG_ASSIGN_OR_RETURN(int64_t k, next());
+      if (k < 0 || 2 * k > static_cast<int64_t>(in.size() - i)) {
+        return absl::DataLossError("malformed request record");
+      }
       std::vector<TokenLogprob> entry;
       for (int64_t j = 0; j < k; ++j) {
         MLAG_ASSIGN_OR_RETURN(int64_t tok, next());
@@ -235,6 +246,7 @@ absl::StatusOr<ReconfigurationReport> EpRank::Reconfigure(int step, int new_size
   const ExpertPlacement to = EvenPlacement(placement_.num_experts, new_size);
   MLAG_RETURN_IF_ERROR(
       runner.model().MigrateExperts(runner.stream(), *world_, placement_, to));
+  placement_ = to;
   phase("migrate", t0);
 
   t0 = Clock::now();
@@ -253,8 +265,17 @@ absl::StatusOr<ReconfigurationReport> EpRank::Reconfigure(int step, int new_size
   phase("requeue", t0);
 
   t0 = Clock::now();
-  MLAG_RETURN_IF_ERROR(engine_->SetExpertGroup(in_new ? new_group.get() : nullptr));
-  if (in_new) MLAG_RETURN_IF_ERROR(runner.CaptureGraphs());
+  // From here on the rank's state is the new configuration's, whatever
+  // happens: a failure leaves the rank outside any group (no dangling group
+  // pointer) and is reported; the run cannot continue on it.
+  group_ = std::move(new_group);
+  active_ = new_size;
+  absl::Status recaptured = engine_->SetExpertGroup(in_new ? group_.get() : nullptr);
+  if (recaptured.ok() && in_new) recaptured = runner.CaptureGraphs();
+  if (!recaptured.ok()) {
+    engine_->SetExpertGroup(nullptr).IgnoreError();
+    return recaptured;
+  }
   phase("recapture", t0);
 
   t0 = Clock::now();
@@ -272,9 +293,6 @@ absl::StatusOr<ReconfigurationReport> EpRank::Reconfigure(int step, int new_size
   report.kv_pages_unchanged = all_unchanged == 1;
   phase("verify", t0);
 
-  group_ = std::move(new_group);
-  placement_ = to;
-  active_ = new_size;
   return report;
 }
 
@@ -340,6 +358,9 @@ absl::StatusOr<EpRunResult> EpRank::Run(const std::vector<RequestSpec>& requests
     result.preemptions += p[3];
     result.prefix_hit_tokens += p[4];
     result.prefix_queried_tokens += p[5];
+    if (p[6] < 0 || static_cast<size_t>(7 + 2 * p[6]) > p.size()) {
+      return absl::DataLossError("malformed result record");
+    }
     size_t i = 7;
     for (int64_t k = 0; k < p[6]; ++k, i += 2) result.graph_replays[static_cast<int>(p[i])] += p[i + 1];
     MLAG_ASSIGN_OR_RETURN(auto reqs, Deserialize(std::vector<int64_t>(p.begin() + i, p.end())));

@@ -36,7 +36,18 @@ int KvCacheManager::AcquireCachedPrefix(RequestId id, absl::Span<const int32_t> 
   request.last_hash = parent;
   const int num_cached_tokens = static_cast<int>(hits.size()) * block_size_;
   hit_tokens_ += num_cached_tokens;
+  request.queried_tokens = static_cast<int64_t>(tokens.size());
+  request.hit_tokens = num_cached_tokens;
   return num_cached_tokens;
+}
+
+void KvCacheManager::Withdraw(RequestId id) {
+  auto it = requests_.find(id);
+  if (it != requests_.end()) {
+    queried_tokens_ -= it->second.queried_tokens;
+    hit_tokens_ -= it->second.hit_tokens;
+  }
+  Free(id);
 }
 
 bool KvCacheManager::EnsureCapacity(RequestId id, int num_tokens) {

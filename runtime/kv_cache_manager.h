@@ -63,6 +63,11 @@ class KvCacheManager {
   // request. No-op for an unknown id.
   void Free(RequestId id);
 
+  // Like Free, for a request that AcquireCachedPrefix served but that could
+  // not be admitted: its query is also withdrawn from the hit statistics (it
+  // will be asked again when the request is retried).
+  void Withdraw(RequestId id);
+
   // The request's block table; an empty vector for unknown ids. The reference
   // is valid until the next call that changes any request.
   const std::vector<int>& block_table(RequestId id) const;
@@ -91,6 +96,9 @@ class KvCacheManager {
     // from it), and the chained hash of the last of them.
     int num_hashed_blocks = 0;
     uint64_t last_hash = BlockPool::kRootHash;
+    // What AcquireCachedPrefix added to the hit statistics for this request.
+    int64_t queried_tokens = 0;
+    int64_t hit_tokens = 0;
   };
 
   BlockPool pool_;

@@ -24,7 +24,7 @@ absl::StatusOr<GraphMode> ParseGraphMode(absl::string_view name) {
 }
 
 std::vector<int> DefaultCaptureSizes(int max_num_seqs, int max_num_batched_tokens) {
-  const int max_size = std::min(2 * max_num_seqs, 512);
+  const int max_size = static_cast<int>(std::min<int64_t>(2 * int64_t{max_num_seqs}, 512));
   std::vector<int> sizes = {1, 2, 4};
   for (int s = 8; s < 256; s += 8) sizes.push_back(s);
   for (int s = 256; s <= 512; s += 16) sizes.push_back(s);

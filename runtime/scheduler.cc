@@ -81,8 +81,9 @@ SchedulerOutput Scheduler::Schedule() {
     }
     const int n = std::min(r->num_tokens() - r->num_computed_tokens, budget);
     if (!kv_->EnsureCapacity(r->id, r->num_computed_tokens + n)) {
-      // Not enough free blocks now: give the prefix references back and wait.
-      kv_->Free(r->id);
+      // Not enough free blocks now: give the prefix references back (and the
+      // query, which is asked again next time) and wait.
+      kv_->Withdraw(r->id);
       r->num_computed_tokens = 0;
       break;
     }

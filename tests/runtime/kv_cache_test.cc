@@ -590,5 +590,27 @@ TEST(KvCacheManagerTest, RandomizedAgainstReferenceModel) {
   EXPECT_GT(kv.prefix_cache_hit_rate(), 0.0);
 }
 
+// A request served by AcquireCachedPrefix but not admitted (the pool had no
+// room for the rest) gives its blocks back and its query too: retrying it
+// every step must not inflate the hit statistics.
+TEST(KvCacheManagerTest, WithdrawnQueryLeavesStatisticsAlone) {
+  KvCacheManager kv(8, 4, true);
+  const std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  ASSERT_EQ(kv.AcquireCachedPrefix(0, tokens), 0);
+  ASSERT_TRUE(kv.EnsureCapacity(0, 9));
+  kv.CacheComputedBlocks(0, tokens, 9);
+  kv.Free(0);
+  const int64_t queried = kv.queried_tokens(), hits = kv.hit_tokens();
+  const int free_blocks = kv.num_free_blocks();
+  ASSERT_EQ(kv.AcquireCachedPrefix(1, tokens), 8);
+  kv.Withdraw(1);
+  EXPECT_EQ(kv.queried_tokens(), queried);
+  EXPECT_EQ(kv.hit_tokens(), hits);
+  EXPECT_EQ(kv.num_free_blocks(), free_blocks);
+  EXPECT_TRUE(kv.block_table(1).empty());
+  // The cached blocks are still there for the retry.
+  EXPECT_EQ(kv.AcquireCachedPrefix(1, tokens), 8);
+}
+
 }  // namespace
 }  // namespace mlag
