@@ -108,6 +108,20 @@ absl::Status CheckCudaAttention(const Tensor& q_latent, const Tensor& q_pe, cons
 
 }  // namespace
 
+const char* MlaDecodeKernelName(MlaDecodeKernel kernel) {
+  switch (kernel) {
+    case MlaDecodeKernel::kAuto:
+      return "auto";
+    case MlaDecodeKernel::kF32:
+      return "f32";
+    case MlaDecodeKernel::kTensorCore:
+      return "tensor_core";
+    case MlaDecodeKernel::kTensorCoreBf16Q:
+      return "tensor_core_bf16q";
+  }
+  return "unknown";
+}
+
 size_t MlaDecodeWorkspace::CudaBytes(int64_t max_batch, int64_t heads, int64_t rkv,
                                      int64_t max_splits) {
 #if MLAG_HAVE_CUDA
@@ -145,7 +159,7 @@ absl::StatusOr<MlaDecodeWorkspace> MlaDecodeWorkspace::Create(Device& device, in
 absl::Status MlaDecode(Stream& stream, const Tensor& q_latent, const Tensor& q_pe,
                        const Tensor& cache, const Tensor& block_table, const Tensor& seq_lens,
                        float scale, const Tensor& out_latent, const Tensor& lse,
-                       const MlaDecodeWorkspace* workspace) {
+                       const MlaDecodeWorkspace* workspace, MlaDecodeKernel kernel) {
   MLAG_RETURN_IF_ERROR(CheckAttentionArgs(stream, q_latent, q_pe, cache, block_table, seq_lens,
                                           out_latent, lse, q_latent.size(0)));
 #if MLAG_HAVE_CUDA
@@ -166,8 +180,31 @@ absl::Status MlaDecode(Stream& stream, const Tensor& q_latent, const Tensor& q_p
       ws_data = workspace->data();
       ws_bytes = workspace->bytes();
     }
-    const cuda::MlaAttentionArgs args =
+    const bool tensor_core =
+        kernel == MlaDecodeKernel::kTensorCore || kernel == MlaDecodeKernel::kTensorCoreBf16Q;
+    if (tensor_core && !cuda::MlaDecodeMmaSupported(rkv, q_pe.size(2),
+                                                    static_cast<int>(cache.dtype()))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "mla_decode: the ", MlaDecodeKernelName(kernel), " kernel needs a bf16 cache, ",
+          "kv_lora_rank + rope dim a multiple of 16 and kv_lora_rank a multiple of 8; got ",
+          DTypeName(cache.dtype()), ", ", rkv, " + ", q_pe.size(2)));
+    }
+    cuda::MlaAttentionArgs args =
         CudaArgs(q_latent, q_pe, cache, block_table, seq_lens, scale, out_latent, lse);
+    switch (kernel) {
+      case MlaDecodeKernel::kAuto:
+        args.decode_kernel = cuda::kMlaDecodeAuto;
+        break;
+      case MlaDecodeKernel::kF32:
+        args.decode_kernel = cuda::kMlaDecodeF32;
+        break;
+      case MlaDecodeKernel::kTensorCore:
+        args.decode_kernel = cuda::kMlaDecodeMma;
+        break;
+      case MlaDecodeKernel::kTensorCoreBf16Q:
+        args.decode_kernel = cuda::kMlaDecodeMmaBf16Q;
+        break;
+    }
     return stream.LaunchCuda("mla_decode", OpKind::kKernel, [&](void* s) {
       return static_cast<int>(
           cuda::LaunchMlaDecode(args, ws_data, ws_bytes, static_cast<cudaStream_t>(s)));
@@ -176,6 +213,7 @@ absl::Status MlaDecode(Stream& stream, const Tensor& q_latent, const Tensor& q_p
 #else
   (void)workspace;
 #endif
+  (void)kernel;  // the host has one kernel
   return stream.LaunchHost("mla_decode", OpKind::kKernel,
                            [q_latent, q_pe, cache, block_table, seq_lens, scale, out_latent, lse] {
                              return host::MlaDecode(q_latent, q_pe, cache, block_table, seq_lens,

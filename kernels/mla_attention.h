@@ -91,17 +91,35 @@ class MlaDecodeWorkspace {
   int64_t rkv_ = 0;
 };
 
+// The CUDA decode attention kernel (the host has one kernel and ignores this).
+//   kAuto         kTensorCore where it applies, else kF32.
+//   kF32          f32 FMA on the CUDA cores; any cache dtype and width within
+//                 the limits above; the reference the others are tested against.
+//   kTensorCore   bf16 tensor cores (compute capability >= 8.0), bf16 cache
+//                 only, (Rkv + dr) % 16 == 0, Rkv % 8 == 0. Cache rows are used
+//                 as stored; q is carried as two bf16 parts (hi + lo, 16
+//                 significant bits); the probabilities are rounded to bf16
+//                 (relative error <= 2^-9 per weight, the softmax sum taken
+//                 over the rounded weights); f32 accumulation.
+//   kTensorCoreBf16Q  as kTensorCore with q rounded to bf16 once: half the
+//                 score products, scores accurate to about 3 significant digits.
+enum class MlaDecodeKernel { kAuto, kF32, kTensorCore, kTensorCoreBf16Q };
+const char* MlaDecodeKernelName(MlaDecodeKernel kernel);
+
 // Decode: one query token per sequence (N == B), attending to all seq_len
 // cached tokens. Long sequences are split (partial softmax per split, merged
 // through the LSE) so one sequence can use every core: on the host across
 // threads; on CUDA across thread blocks, with the split lengths planned on
 // the device from seq_lens (one captured graph serves any seq_lens).
 // `workspace`: see MlaDecodeWorkspace; ignored on the host. On CUDA it must
-// match (heads, rkv) and hold B sequences, else InvalidArgument.
+// match (heads, rkv) and hold B sequences, else InvalidArgument. `kernel`:
+// see MlaDecodeKernel; an explicit tensor-core kernel the shapes or dtype do
+// not allow is InvalidArgument, one the GPU does not support fails at launch.
 absl::Status MlaDecode(Stream& stream, const Tensor& q_latent, const Tensor& q_pe,
                        const Tensor& cache, const Tensor& block_table, const Tensor& seq_lens,
                        float scale, const Tensor& out_latent, const Tensor& lse,
-                       const MlaDecodeWorkspace* workspace = nullptr);
+                       const MlaDecodeWorkspace* workspace = nullptr,
+                       MlaDecodeKernel kernel = MlaDecodeKernel::kAuto);
 
 // Prefill / chunked prefill: several query tokens per sequence.
 //   query_start_loc: i32 [B + 1]; sequence b owns query rows

@@ -97,9 +97,9 @@ absl::Status MoeExpertsCuda(Stream& stream, const Tensor& x, const Tensor& topk_
                                                  " exceeds the CUDA limit of ",
                                                  cuda::kMoeMaxColumns));
   }
-  if (T > kCudaIntMax || E > kCudaIntMax) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("moe_experts: T=", T, " or E=", E, " exceeds the int range"));
+  if (T > kCudaIntMax || E > kCudaIntMax || K > kCudaIntMax) {
+    return absl::InvalidArgumentError(absl::StrCat("moe_experts: T=", T, ", K=", K, " or E=", E,
+                                                   " exceeds the int range"));
   }
   const size_t needed = cuda::MoeExpertsWorkspaceBytes(T, K, D, I, L);
   void* scratch = nullptr;

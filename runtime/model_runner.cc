@@ -220,7 +220,12 @@ absl::Status ModelRunner::DummyStep(const StepPlan& plan) {
   ++stats_.dummy_steps;
   last_rows_ = plan.decode ? plan.rows : 1;
   auto it = plan.decode ? graphs_.find(plan.rows) : graphs_.end();
-  if (it != graphs_.end()) return it->second->Replay(*stream_);
+  if (it != graphs_.end()) {
+    // Wait for the replay as the eager path does: the next step's uploads
+    // overwrite the input buffers this graph reads.
+    MLAG_RETURN_IF_ERROR(it->second->Replay(*stream_));
+    return stream_->Synchronize();
+  }
   MLAG_RETURN_IF_ERROR(RunOps(plan.decode ? Metadata(plan.rows, plan.rows, true)
                                           : Metadata(plan.rows, 1, false)));
   return stream_->Synchronize();

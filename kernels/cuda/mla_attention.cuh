@@ -39,6 +39,15 @@ struct MlaAttentionArgs {
   float scale = 1.0f;
   float* out_latent = nullptr;  // [num_rows, heads, rkv], contiguous
   float* lse = nullptr;         // [num_rows, heads], contiguous
+  int decode_kernel = 0;        // MlaDecodeKernelCode; decode only
+};
+
+// Which kernel computes decode attention.
+enum MlaDecodeKernelCode : int {
+  kMlaDecodeAuto = 0,      // tensor cores (split Q) where usable, else f32
+  kMlaDecodeF32 = 1,       // f32 FMA on the CUDA cores: every cache dtype and width
+  kMlaDecodeMma = 2,       // tensor cores, Q as two bf16 parts (hi + lo)
+  kMlaDecodeMmaBf16Q = 3,  // tensor cores, Q rounded to bf16 once
 };
 
 // The kernels hold a cache row and a query vector in shared memory.
@@ -46,6 +55,14 @@ inline constexpr int64_t kMlaMaxRkv = 512;
 inline constexpr int64_t kMlaMaxRowWidth = 576;  // rkv + dr
 inline bool MlaAttentionSupported(int64_t rkv, int64_t dr) {
   return rkv > 0 && dr >= 0 && rkv <= kMlaMaxRkv && rkv + dr <= kMlaMaxRowWidth;
+}
+
+// The tensor-core decode kernels need a bf16 cache, rows of a multiple of 16
+// elements and rkv a multiple of 8 (and, checked at launch, a GPU of compute
+// capability 8.0 or newer and a 16-byte aligned cache).
+inline bool MlaDecodeMmaSupported(int64_t rkv, int64_t dr, int cache_dtype) {
+  return cache_dtype == 1 && MlaAttentionSupported(rkv, dr) && (rkv + dr) % 16 == 0 &&
+         rkv % 8 == 0;
 }
 
 // ---- Decode workspace -------------------------------------------------------
@@ -84,6 +101,8 @@ inline int64_t MlaDecodeDefaultMaxSplits(int64_t max_batch) {
 // ranges per sequence, the attention kernel over (item, head group), and a
 // combine kernel merging the items of split sequences through their LSEs.
 // With workspace == nullptr no sequence is split (one kernel).
+// args.decode_kernel picks the attention kernel; an explicit tensor-core
+// choice the shapes or the GPU do not allow gives cudaErrorNotSupported.
 cudaError_t LaunchMlaDecode(const MlaAttentionArgs& args, void* workspace, size_t workspace_bytes,
                             cudaStream_t stream);
 

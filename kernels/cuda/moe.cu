@@ -487,7 +487,8 @@ cudaError_t LaunchMoeRoute(const MoeRouteParams& params, const float* logits, in
   if (num_tokens <= 0) return cudaSuccess;
   const int E = params.num_experts;
   const int G = params.n_group;
-  if (E <= 0 || E > kMoeRouteMaxExperts || G <= 0 || G > E || params.top_k <= 0 ||
+  if (E <= 0 || E > kMoeRouteMaxExperts || G <= 0 || G > E || E % G != 0 ||
+      params.topk_group < 1 || params.topk_group > G || params.top_k <= 0 ||
       params.top_k > E) {
     return cudaErrorInvalidValue;
   }
@@ -508,7 +509,7 @@ size_t MoeExpertsWorkspaceBytes(int64_t T, int64_t K, int64_t D, int64_t I, int6
 cudaError_t LaunchMoeExperts(const MoeExpertsArgs& a, cudaStream_t stream) {
   if (a.T < 0 || a.K < 0 || a.E < 0 || a.L < 0 || a.D < 0 || a.I < 0 ||
       a.L > kMoeMaxLocalExperts || a.D > kMoeMaxColumns || a.I > kMoeMaxColumns ||
-      static_cast<int64_t>(a.T) * a.K > 0x7fffffff) {
+      static_cast<int64_t>(a.T) * a.K > 0x7fffffff - 64) {  // room for the tile round-up
     return cudaErrorInvalidValue;
   }
   const ExpertsLayout layout = MakeExpertsLayout(a.T, a.K, a.D, a.I, a.L);

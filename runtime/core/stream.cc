@@ -233,7 +233,12 @@ absl::StatusOr<std::unique_ptr<Graph>> Stream::EndCapture() {
   }
 #if MLAG_HAVE_CUDA
   cudaGraph_t graph = nullptr;
-  MLAG_CUDA_RETURN_IF_ERROR(cudaStreamEndCapture(static_cast<cudaStream_t>(native_), &graph));
+  const cudaError_t end = cudaStreamEndCapture(static_cast<cudaStream_t>(native_), &graph);
+  if (end != cudaSuccess) {
+    // A failed launch invalidates the capture; its error names the op.
+    if (!c->first_error.ok()) return c->first_error;
+    return CudaStatus(end, "cudaStreamEndCapture", MLAG_WHERE_);
+  }
   if (!c->first_error.ok()) {
     cudaGraphDestroy(graph);
     return c->first_error;

@@ -1,14 +1,17 @@
 // MLA decode kernel benchmark on one CUDA device: b = 128 sequences of 4096
 // cached tokens, H = 16 heads, Rkv = 512, dr = 64 (DeepSeek-V2-Lite's
 // attention), bf16 cache in blocks of 64 tokens with the pages in random
-// order. Times 20 MlaDecode calls (through the public kernels API on a CUDA
-// stream, with a decode workspace) with CUDA events, measures device-to-device
-// cudaMemcpy bandwidth of a 2 GiB buffer in the same run (read + write bytes),
-// and prints
-//   mla_decode b=128 s=4096 H=16: X us, Y GB/s, Z% of copy bandwidth (W GB/s)
+// order. For each decode kernel (f32, tensor_core, tensor_core_bf16q) times
+// 20 MlaDecode calls (through the public kernels API on a CUDA stream, with a
+// decode workspace) with CUDA events; measures device-to-device cudaMemcpy
+// bandwidth of a 2 GiB buffer in the same run (read + write bytes); prints
+//   mla_decode[KERNEL] b=128 s=4096 H=16: X us, Y GB/s, Z% of copy bandwidth (W GB/s), vs f32: E
 // where the bytes are the cache rows read (b * s * 576 * 2) plus the queries
-// read and the outputs written. Exits 77 when there is no CUDA device.
+// read and the outputs written, and E is the normwise difference of the
+// kernel's output from the f32 kernel's (max |a - b| / max |b|). Exits 77
+// when there is no CUDA device.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <numeric>
@@ -128,51 +131,64 @@ int Run() {
   BENCH_CHECK(ws.status());
   const float scale = 0.1147f;
 
-  for (int i = 0; i < kWarmup; ++i) {
-    BENCH_CHECK(MlaDecode(stream, q_latent, q_pe, cache, block_table, seq_lens, scale, out, lse,
-                          &ws.value()));
-  }
-  BENCH_CHECK(stream.Synchronize());
-  cudaEvent_t start, stop;
-  BENCH_CUDA(cudaEventCreate(&start));
-  BENCH_CUDA(cudaEventCreate(&stop));
-  const cudaStream_t cs = static_cast<cudaStream_t>(stream.native());
-  BENCH_CUDA(cudaEventRecord(start, cs));
-  for (int i = 0; i < kIters; ++i) {
-    BENCH_CHECK(MlaDecode(stream, q_latent, q_pe, cache, block_table, seq_lens, scale, out, lse,
-                          &ws.value()));
-  }
-  BENCH_CUDA(cudaEventRecord(stop, cs));
-  BENCH_CUDA(cudaEventSynchronize(stop));
-  float ms = 0.0f;
-  BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
-  BENCH_CUDA(cudaEventDestroy(start));
-  BENCH_CUDA(cudaEventDestroy(stop));
-  const double us = 1000.0 * ms / kIters;
-
-  // Sanity: the outputs were written and are finite.
-  std::vector<float> lse_host(static_cast<size_t>(kBatch * kHeads));
-  BENCH_CHECK(device.CopyToHost(lse_host.data(), lse_buf->data(), lse_host.size() * 4));
-  for (float v : lse_host) {
-    if (!(v == v) || v > 1e30f || v < -1e30f) {
-      std::fprintf(stderr, "mla_decode_bench: non-finite lse %g\n", v);
-      return 1;
-    }
-  }
-
-  const double bytes = static_cast<double>(kBatch * kSeqLen * row * 2)      // cache rows
-                       + static_cast<double>(kBatch * kHeads * row * 4)     // queries
-                       + static_cast<double>(kBatch * kHeads * (kRkv + 1) * 4);  // out + lse
-  const double gbps = bytes / (us * 1e-6) / 1e9;
-
   // The ceiling, measured now on the same device.
   auto bw = MeasureMemoryBandwidth(device, kCopyBytes);
   BENCH_CHECK(bw.status());
   const double copy_gbps = bw->bytes_per_second / 1e9;
-  std::printf("device: %s\n", device.name().c_str());
-  std::printf("mla_decode b=%lld s=%lld H=%lld: %.1f us, %.1f GB/s, %.1f%% of copy bandwidth (%.1f GB/s)\n",
-              static_cast<long long>(kBatch), static_cast<long long>(kSeqLen),
-              static_cast<long long>(kHeads), us, gbps, 100.0 * gbps / copy_gbps, copy_gbps);
+  std::printf("device: %s, copy bandwidth %.1f GB/s\n", device.name().c_str(), copy_gbps);
+
+  const double bytes = static_cast<double>(kBatch * kSeqLen * row * 2)      // cache rows
+                       + static_cast<double>(kBatch * kHeads * row * 4)     // queries
+                       + static_cast<double>(kBatch * kHeads * (kRkv + 1) * 4);  // out + lse
+  std::vector<float> reference;  // the f32 kernel's output
+  for (MlaDecodeKernel kernel : {MlaDecodeKernel::kF32, MlaDecodeKernel::kTensorCore,
+                                 MlaDecodeKernel::kTensorCoreBf16Q}) {
+    for (int i = 0; i < kWarmup; ++i) {
+      BENCH_CHECK(MlaDecode(stream, q_latent, q_pe, cache, block_table, seq_lens, scale, out, lse,
+                            &ws.value(), kernel));
+    }
+    BENCH_CHECK(stream.Synchronize());
+    cudaEvent_t start, stop;
+    BENCH_CUDA(cudaEventCreate(&start));
+    BENCH_CUDA(cudaEventCreate(&stop));
+    const cudaStream_t cs = static_cast<cudaStream_t>(stream.native());
+    BENCH_CUDA(cudaEventRecord(start, cs));
+    for (int i = 0; i < kIters; ++i) {
+      BENCH_CHECK(MlaDecode(stream, q_latent, q_pe, cache, block_table, seq_lens, scale, out,
+                            lse, &ws.value(), kernel));
+    }
+    BENCH_CUDA(cudaEventRecord(stop, cs));
+    BENCH_CUDA(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    BENCH_CUDA(cudaEventDestroy(start));
+    BENCH_CUDA(cudaEventDestroy(stop));
+    const double us = 1000.0 * ms / kIters;
+
+    // Sanity: finite outputs, and their distance from the f32 kernel's.
+    std::vector<float> lse_host(static_cast<size_t>(kBatch * kHeads));
+    std::vector<float> out_host(static_cast<size_t>(kBatch * kHeads * kRkv));
+    BENCH_CHECK(device.CopyToHost(lse_host.data(), lse_buf->data(), lse_host.size() * 4));
+    BENCH_CHECK(device.CopyToHost(out_host.data(), out_buf->data(), out_host.size() * 4));
+    for (float v : lse_host) {
+      if (!(v == v) || v > 1e30f || v < -1e30f) {
+        std::fprintf(stderr, "mla_decode_bench: non-finite lse %g\n", v);
+        return 1;
+      }
+    }
+    if (reference.empty()) reference = out_host;
+    double err = 0.0, ref = 0.0;
+    for (size_t i = 0; i < out_host.size(); ++i) {
+      err = std::max(err, std::abs(static_cast<double>(out_host[i]) - reference[i]));
+      ref = std::max(ref, std::abs(static_cast<double>(reference[i])));
+    }
+    const double gbps = bytes / (us * 1e-6) / 1e9;
+    std::printf("mla_decode[%s] b=%lld s=%lld H=%lld: %.1f us, %.1f GB/s, %.1f%% of copy "
+                "bandwidth (%.1f GB/s), vs f32: %.2g\n",
+                MlaDecodeKernelName(kernel), static_cast<long long>(kBatch),
+                static_cast<long long>(kSeqLen), static_cast<long long>(kHeads), us, gbps,
+                100.0 * gbps / copy_gbps, copy_gbps, ref > 0.0 ? err / ref : err);
+  }
   return 0;
 }
 #endif  // MLAG_HAVE_CUDA

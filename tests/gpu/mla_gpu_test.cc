@@ -12,6 +12,15 @@
 //   denominator and of the value rows run 4096 terms deep on both sides).
 // A row with seq_len 0 must be exactly zero with lse -inf, and no output
 // element may keep the NaN poison written before each run.
+//
+// The tensor-core decode kernels round on purpose (q to bf16, or to a bf16
+// hi + lo pair; the probabilities to bf16). Their tolerance is computed per
+// case from a double-precision model of that arithmetic
+// (ModelTensorCoreDecode): the GPU must lie within 4x the model's own
+// distance from the host kernel plus the f32 tolerance above, and the model
+// itself must stay within the documented precision (2e-2 for a bf16 q,
+// 4e-3 for the split q).
+#include "kernels/common/half.h"
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -385,21 +394,116 @@ Outputs HostDecode(const Dims& d, const Paged& p, const Queries& q, int batch) {
   return o;
 }
 
+// The arithmetic of the tensor-core decode kernels in double: the cache as
+// stored, q as bf16 (hi, plus lo = bf16(q - hi) with split_q), exact score
+// sums, probabilities exp(score - max) rounded to bf16 and normalised by the
+// sum of the rounded values. The GPU differs from it only in the f32
+// accumulation order and in the running maximum each probability is rounded
+// at, so its error has the same size.
+Outputs ModelTensorCoreDecode(const Dims& d, const Paged& p, const Queries& q, int batch,
+                              bool split_q) {
+  Outputs o = PoisonedOutputs(d, batch);
+  const int width = d.rkv + d.dr;
+  const int64_t q_row = d.rkv + d.dr + 1;  // MakeQueries' buffer layout
+  std::vector<double> qv(static_cast<size_t>(width)), scores, acc(static_cast<size_t>(d.rkv));
+  std::vector<int64_t> slots;
+  for (int b = 0; b < batch; ++b) {
+    const int len = p.seq_lens.data<int32_t>()[b];
+    slots.clear();
+    for (int s = 0; s < len; ++s) {
+      const int32_t block = p.block_table.data<int32_t>()[b * p.max_blocks + s / p.block_size];
+      slots.push_back(static_cast<int64_t>(block) * p.block_size + s % p.block_size);
+    }
+    for (int h = 0; h < d.heads; ++h) {
+      for (int i = 0; i < width; ++i) {
+        const float x = q.buffer.get((static_cast<int64_t>(b) * d.heads + h) * q_row + i);
+        const float hi = Bf16ToF32(F32ToBf16(x));
+        qv[static_cast<size_t>(i)] = split_q ? static_cast<double>(hi) + Bf16ToF32(F32ToBf16(x - hi))
+                                             : static_cast<double>(hi);
+      }
+      scores.assign(slots.size(), 0.0);
+      double max = -std::numeric_limits<double>::infinity();
+      for (size_t s = 0; s < slots.size(); ++s) {
+        double dot = 0.0;
+        for (int i = 0; i < width; ++i) dot += qv[static_cast<size_t>(i)] * p.cache.get(slots[s] * width + i);
+        scores[s] = q.scale * dot;
+        max = std::max(max, scores[s]);
+      }
+      std::fill(acc.begin(), acc.end(), 0.0);
+      double sum = 0.0;
+      for (size_t s = 0; s < slots.size(); ++s) {
+        const double w = Bf16ToF32(F32ToBf16(static_cast<float>(std::exp(scores[s] - max))));
+        sum += w;
+        for (int i = 0; i < d.rkv; ++i) acc[static_cast<size_t>(i)] += w * p.cache.get(slots[s] * width + i);
+      }
+      const int64_t row = static_cast<int64_t>(b) * d.heads + h;
+      for (int i = 0; i < d.rkv; ++i) {
+        o.out.set(row * d.rkv + i, sum > 0.0 ? static_cast<float>(acc[static_cast<size_t>(i)] / sum) : 0.0f);
+      }
+      o.lse.set(row, sum > 0.0 ? static_cast<float>(max + std::log(sum))
+                               : -std::numeric_limits<float>::infinity());
+    }
+  }
+  return o;
+}
+
+bool IsTensorCore(MlaDecodeKernel k) {
+  return k == MlaDecodeKernel::kTensorCore || k == MlaDecodeKernel::kTensorCoreBf16Q;
+}
+
+// Whether `kernel` runs on the tensor cores for these inputs (kAuto picks
+// them for a bf16 cache of supported widths on compute capability >= 8.0).
+bool RunsOnTensorCores(MlaDecodeKernel kernel, DType cache, const Dims& d) {
+  if (IsTensorCore(kernel)) return true;
+  if (kernel != MlaDecodeKernel::kAuto || cache != DType::kBF16) return false;
+  if ((d.rkv + d.dr) % 16 != 0 || d.rkv % 8 != 0) return false;
+#if MLAG_HAVE_CUDA
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    return false;
+  }
+  return major >= 8;
+#else
+  return false;
+#endif
+}
+
+// The tolerance of `kernel` on these inputs: `base` for the f32 kernel; for
+// the tensor-core kernels 4x the model's distance from the host plus `base`,
+// after checking the model's own precision.
+double DecodeTolerance(MlaDecodeKernel kernel, DType cache, const Dims& d, const Paged& p,
+                       const Queries& q, int batch, const Outputs& host, double base) {
+  if (!RunsOnTensorCores(kernel, cache, d)) return base;
+  const bool split_q = kernel != MlaDecodeKernel::kTensorCoreBf16Q;
+  const Outputs model = ModelTensorCoreDecode(d, p, q, batch, split_q);
+  const AttnDiff m = Compare(model.out, model.lse, host.out, host.lse);
+  const double model_err = std::max(m.out, m.lse);
+  EXPECT_LT(model_err, split_q ? 4e-3 : 2e-2) << "precision of the tensor-core arithmetic itself";
+  std::printf("  model of %s: out %.3g lse %.3g\n", split_q ? "split q" : "bf16 q", m.out, m.lse);
+  return 4.0 * model_err + base;
+}
+
 struct DecodeCase {
   DType cache;
   int block_size;
+  MlaDecodeKernel kernel;
 };
 
 class MlaDecodeGpuTest : public MlaGpuTest, public ::testing::WithParamInterface<DecodeCase> {
  protected:
   // Runs decode on the GPU (with and without a workspace) and compares with
-  // the host kernel.
+  // the host kernel. An explicit tensor-core kernel on dims or a cache it
+  // does not support must be refused with InvalidArgument.
   void Check(const Dims& d, const std::vector<int>& lens, double tol, uint32_t seed) {
     const DecodeCase c = GetParam();
     const int batch = static_cast<int>(lens.size());
     const Paged p = MakePaged(d, c.cache, c.block_size, lens, lens, seed);
     const Queries q = MakeQueries(d, batch, seed + 1);
     const Outputs want = HostDecode(d, p, q, batch);
+    const bool refused = IsTensorCore(c.kernel) &&
+                         (c.cache != DType::kBF16 || (d.rkv + d.dr) % 16 != 0 || d.rkv % 8 != 0);
+    if (!refused) tol = DecodeTolerance(c.kernel, c.cache, d, p, q, batch, want, tol);
 
     DeviceCopy d_cache = Upload(device(), p.cache);
     DeviceCopy d_table = Upload(device(), p.block_table);
@@ -415,7 +519,11 @@ class MlaDecodeGpuTest : public MlaGpuTest, public ::testing::WithParamInterface
       const absl::Status st = MlaDecode(stream(), d_q.View(q.q_latent), d_q.View(q.q_pe),
                                         d_cache.View(), d_table.View(), d_lens.View(), q.scale,
                                         d_out.View(), d_lse.View(),
-                                        with_workspace ? &ws.value() : nullptr);
+                                        with_workspace ? &ws.value() : nullptr, c.kernel);
+      if (refused) {
+        EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+        continue;
+      }
       ASSERT_TRUE(st.ok()) << st;
       Download(device(), stream(), d_out);
       Download(device(), stream(), d_lse);
@@ -432,10 +540,17 @@ TEST_P(MlaDecodeGpuTest, SmallDims) {
   Check(Dims{3, 40, 8}, lens, kTol, 11);
 }
 
-// Widths that are not a multiple of 16 bytes (element-wise tile loads), and
-// more heads than one thread block holds (two head groups, the second partial).
+// Widths that are not a multiple of 16 bytes (element-wise tile loads; the
+// tensor-core kernels refuse them and kAuto falls back to f32), and more
+// heads than one thread block holds (two head groups, the second partial).
 TEST_P(MlaDecodeGpuTest, OddDimsAndHeadGroups) {
   Check(Dims{20, 37, 6}, {0, 3, 200, 70, 300}, kTol, 21);
+}
+
+// Two head groups at widths every kernel takes (tiny-v3's attention shape
+// with 20 heads).
+TEST_P(MlaDecodeGpuTest, HeadGroupsAtTinyWidths) {
+  Check(Dims{20, 64, 16}, {0, 3, 200, 70, 300, 33}, kTol, 25);
 }
 
 TEST_P(MlaDecodeGpuTest, DeepSeekWidths) {
@@ -448,14 +563,24 @@ TEST_P(MlaDecodeGpuTest, LongSequence) {
   Check(Dims{16, 512, 64}, {4096, 0, 5, 300}, kTolLong, 41);
 }
 
-INSTANTIATE_TEST_SUITE_P(CacheAndBlocks, MlaDecodeGpuTest,
-                         ::testing::Values(DecodeCase{DType::kF32, 16}, DecodeCase{DType::kF32, 64},
-                                           DecodeCase{DType::kBF16, 16},
-                                           DecodeCase{DType::kBF16, 64}),
-                         [](const ::testing::TestParamInfo<DecodeCase>& info) {
-                           return std::string(DTypeName(info.param.cache)) + "_block" +
-                                  std::to_string(info.param.block_size);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    CacheBlocksKernel, MlaDecodeGpuTest,
+    ::testing::Values(DecodeCase{DType::kF32, 16, MlaDecodeKernel::kF32},
+                      DecodeCase{DType::kF32, 64, MlaDecodeKernel::kF32},
+                      DecodeCase{DType::kBF16, 16, MlaDecodeKernel::kF32},
+                      DecodeCase{DType::kBF16, 64, MlaDecodeKernel::kF32},
+                      DecodeCase{DType::kF32, 16, MlaDecodeKernel::kAuto},
+                      DecodeCase{DType::kBF16, 64, MlaDecodeKernel::kAuto},
+                      DecodeCase{DType::kBF16, 16, MlaDecodeKernel::kTensorCore},
+                      DecodeCase{DType::kBF16, 64, MlaDecodeKernel::kTensorCore},
+                      DecodeCase{DType::kBF16, 16, MlaDecodeKernel::kTensorCoreBf16Q},
+                      DecodeCase{DType::kBF16, 64, MlaDecodeKernel::kTensorCoreBf16Q},
+                      DecodeCase{DType::kF32, 64, MlaDecodeKernel::kTensorCore}),
+    [](const ::testing::TestParamInfo<DecodeCase>& info) {
+      return std::string(DTypeName(info.param.cache)) + "_block" +
+             std::to_string(info.param.block_size) + "_" +
+             MlaDecodeKernelName(info.param.kernel);
+    });
 
 TEST_F(MlaGpuTest, DecodeRejectsMismatchedWorkspace) {
   const Dims d{4, 64, 16};
@@ -536,7 +661,9 @@ TEST_F(MlaGpuTest, CapturedDecodeReplaysForNewSeqLens) {
     Download(device(), stream(), d_out);
     Download(device(), stream(), d_lse);
     const Outputs want = HostDecode(d, p, q, batch);
-    ExpectClose(Compare(got.out, got.lse, want.out, want.lse), kTolLong,
+    const double tol = DecodeTolerance(MlaDecodeKernel::kAuto, DType::kBF16, d, p, q, batch,
+                                       want, kTolLong);
+    ExpectClose(Compare(got.out, got.lse, want.out, want.lse), tol,
                 lens == &second ? "graph replay, second seq_lens" : "graph replay, first seq_lens");
   }
 }

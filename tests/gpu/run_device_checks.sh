@@ -8,7 +8,8 @@
 #   3. the spill report,
 #   4. mlag bench --device cuda on `small` and on `v2-lite-8l` (V2-Lite shapes,
 #      8 of its 27 layers) at batch 1 to 256,
-#   5. the MLA decode kernel benchmark (b=128, s=4096, H=16) against the
+#   5. the MLA decode kernel benchmark (b=128, s=4096, H=16), each decode
+#      kernel (f32, tensor_core, tensor_core_bf16q) against the
 #      device-to-device copy bandwidth of the same run,
 # logging everything under $OUT and printing a short table last.
 #
@@ -68,7 +69,7 @@ tail -3 "$OUT/spill_report.txt"
 
 step "MLA decode kernel benchmark"
 ./build-gpu/tests/mla_decode_bench | tee "$OUT/mla_decode_bench.txt"
-summary+=("$(grep -m1 mla_decode "$OUT/mla_decode_bench.txt" || echo 'mla_decode bench: no result')")
+while IFS= read -r line; do summary+=("$line"); done < <(grep '^mla_decode\[' "$OUT/mla_decode_bench.txt" || echo 'mla_decode bench: no result')
 
 step "mlag bench --device cuda"
 for model in small v2-lite-8l; do
