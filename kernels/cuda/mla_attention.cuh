@@ -16,7 +16,11 @@
 #include <cstddef>
 #include <cstdint>
 
+#if defined(MLAG_CUDA_EMULATION)
+// cudaError_t and cudaStream_t come from tests/cuda_emu/cuda_emulation.h.
+#else
 #include <cuda_runtime.h>
+#endif
 
 namespace mlag::cuda {
 

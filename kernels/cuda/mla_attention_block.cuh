@@ -1,0 +1,150 @@
+// The block-level pieces of the MLA attention kernels (kernels/cuda/
+// mla_attention.cu) that the tensor-core decode kernel shares with the f32
+// kernel: launch constants, cp.async copies, the kernel parameters, the
+// per-block work description and its resolution for decode. Device code
+// only; included by mla_attention.cu, and by the CPU emulation test of the
+// tensor-core kernel (tests/cuda_emu/), which compiles it with
+// MLAG_CUDA_EMULATION defined.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/mla_attention.cuh"
+
+namespace mlag::cuda::mla_block {
+
+inline constexpr int kThreads = 256;
+inline constexpr int kVecs = 16;          // query vectors per block
+inline constexpr int kNoSplit = 1 << 30;  // split length meaning "never split"
+
+// The dynamic shared memory of a kernel, as a byte pointer named `name`.
+#if defined(MLAG_CUDA_EMULATION)
+#define MLAG_DYNAMIC_SMEM(name) unsigned char* name = ::mlag::emu::DynamicSmem()
+#else
+#define MLAG_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
+// 16-byte global -> shared copy; src_bytes == 0 writes zeros and reads nothing.
+__device__ __forceinline__ void CpAsync16(void* smem_dst, const void* gmem_src, int src_bytes) {
+#if defined(MLAG_CUDA_EMULATION)
+  ::mlag::emu::CpAsync16(smem_dst, gmem_src, src_bytes);
+#else
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src),
+               "r"(src_bytes)
+               : "memory");
+#endif
+}
+// (The emulation copies at once, so committing and waiting are no-ops.)
+__device__ __forceinline__ void CpAsyncCommit() {
+#if !defined(MLAG_CUDA_EMULATION)
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+// Waits until at most N of this thread's committed groups are in flight.
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+#if !defined(MLAG_CUDA_EMULATION)
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+__device__ __forceinline__ void CpAsyncWaitAll() { CpAsyncWait<0>(); }
+
+__host__ __device__ __forceinline__ int ClampLen(int len, int capacity) {
+  return len < 0 ? 0 : (len > capacity ? capacity : len);
+}
+
+// ---- Parameters and per-block state ----------------------------------------
+
+struct KernelParams {
+  MlaAttentionArgs a;
+  int pitch;           // elements per shared-memory row (rkv + dr rounded up to 16 bytes)
+  int vec_loads;       // 1: 16-byte cp.async row copies (rows 16-byte aligned)
+  int capacity;        // max_blocks * block_size, clamped to kNoSplit
+  int head_groups;     // ceil(heads / 16)
+  int heads_per_item;  // prefill: min(heads, 16)
+  int rows_per_item;   // prefill: 16 / heads_per_item
+  int prefill;         // 0 decode, 1 prefill
+  const int* plan;     // decode: the planner's output, or nullptr (no split)
+  float* part_out;     // decode with plan: [items, heads, rkv]
+  float* part_lse;     // decode with plan: [items, heads]
+};
+
+// What a block works on, resolved by its first threads.
+struct BlockItem {
+  int exit;        // 1: no work for this block
+  int b;           // sequence
+  int begin, end;  // cache tokens [begin, end) read by this block
+  int item;        // decode: item index (partial slot)
+  int direct;      // decode: 1 when the item is the whole sequence
+  int row0, row1;  // prefill: query rows [row0, row1) of sequence b
+  int context;     // prefill: cached tokens before the sequence's first query row
+  int q0;          // prefill: query_start_loc[b]
+  int found_b, found_block;  // search result: sequence, prefill row block
+  // Per query vector; q_latent == nullptr marks an unused vector.
+  const float* q_latent[kVecs];
+  const float* q_pe[kVecs];
+  float* out[kVecs];
+  float* lse[kVecs];
+  int limit[kVecs];  // the vector sees tokens [begin, limit)
+  float alpha[kVecs];
+  float inv_sum[kVecs];
+  float lse_value[kVecs];
+};
+
+// Decode: block -> (item, head group) -> (sequence, token range).
+__device__ inline void ResolveDecode(const KernelParams& p, BlockItem& it) {
+  const int num_seqs = static_cast<int>(p.a.num_seqs);
+  const int item = static_cast<int>(blockIdx.x) / p.head_groups;
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid == 0) it.found_b = -1;
+  __syncthreads();
+  if (p.plan != nullptr) {
+    // The sequence owning `item`: plan[b] <= item < plan[b + 1] (item_start
+    // is strictly increasing, every sequence has at least one item), so at
+    // most one thread matches.
+    for (int b = tid; b < num_seqs; b += kThreads) {
+      if (p.plan[b] <= item && item < p.plan[b + 1]) it.found_b = b;
+    }
+  } else if (tid == 0 && item < num_seqs) {
+    it.found_b = item;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    const int b = it.found_b;
+    it.exit = b < 0;
+    it.item = item;
+    if (b >= 0) {
+      const int len = ClampLen(p.a.seq_lens[b], p.capacity);
+      it.b = b;
+      it.begin = 0;
+      it.end = len;
+      it.direct = 1;
+      if (p.plan != nullptr && p.plan[b + 1] - p.plan[b] > 1) {
+        const int chunk = p.plan[num_seqs + 1];
+        it.direct = 0;
+        it.begin = (item - p.plan[b]) * chunk;
+        it.end = min(len, it.begin + chunk);
+      }
+    }
+  }
+  __syncthreads();
+  if (it.exit) return;
+  const int v = threadIdx.x;
+  if (v < kVecs) {
+    const int heads = static_cast<int>(p.a.heads);
+    const int h = (static_cast<int>(blockIdx.x) % p.head_groups) * kVecs + v;
+    const bool used = h < heads;
+    const int64_t b = it.b;
+    const int64_t rkv = p.a.rkv;
+    it.q_latent[v] = used ? p.a.q_latent + b * p.a.q_latent_stride0 + h * p.a.q_latent_stride1
+                          : nullptr;
+    it.q_pe[v] = used ? p.a.q_pe + b * p.a.q_pe_stride0 + h * p.a.q_pe_stride1 : nullptr;
+    it.limit[v] = used ? it.end : 0;
+    const int64_t slot = it.direct ? b * heads + h : static_cast<int64_t>(it.item) * heads + h;
+    it.out[v] = used ? (it.direct ? p.a.out_latent : p.part_out) + slot * rkv : nullptr;
+    it.lse[v] = used ? (it.direct ? p.a.lse : p.part_lse) + slot : nullptr;
+  }
+}
+
+}  // namespace mlag::cuda::mla_block
