@@ -36,7 +36,7 @@ cudaError_t LaunchSiluAndMul(const void* gate_up, int in_dtype, int64_t in_row_s
   const int64_t gx = (inter + kThreads - 1) / kThreads;
   const dim3 grid(static_cast<unsigned int>(gx < kMaxGridX ? gx : kMaxGridX),
                   static_cast<unsigned int>(rows < kMaxGridY ? rows : kMaxGridY));
-  SiluAndMulKernel<<<grid, kThreads, 0, stream>>>(gate_up, in_dtype, in_row_stride, out, out_dtype,
+  MLAG_LAUNCH(SiluAndMulKernel, grid, kThreads, 0, stream)(gate_up, in_dtype, in_row_stride, out, out_dtype,
                                                   out_row_stride, rows, inter);
   return cudaGetLastError();
 }

@@ -45,21 +45,21 @@ __global__ void AddKernel(const void* a, int a_dtype, const void* b, int b_dtype
 
 cudaError_t LaunchFill(void* data, int dtype, int64_t n, double value, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  FillKernel<<<Blocks(n), kThreads, 0, stream>>>(data, dtype, n, value);
+  MLAG_LAUNCH(FillKernel, Blocks(n), kThreads, 0, stream)(data, dtype, n, value);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchScale(const void* x, int x_dtype, float alpha, void* y, int y_dtype, int64_t n,
                         cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  ScaleKernel<<<Blocks(n), kThreads, 0, stream>>>(x, x_dtype, alpha, y, y_dtype, n);
+  MLAG_LAUNCH(ScaleKernel, Blocks(n), kThreads, 0, stream)(x, x_dtype, alpha, y, y_dtype, n);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchAdd(const void* a, int a_dtype, const void* b, int b_dtype, void* out,
                       int out_dtype, int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  AddKernel<<<Blocks(n), kThreads, 0, stream>>>(a, a_dtype, b, b_dtype, out, out_dtype, n);
+  MLAG_LAUNCH(AddKernel, Blocks(n), kThreads, 0, stream)(a, a_dtype, b, b_dtype, out, out_dtype, n);
   return cudaGetLastError();
 }
 

@@ -36,8 +36,6 @@
 
 #include <cstdint>
 
-#include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
 
 #include "kernels/common/softmax_math.h"
 #include "kernels/cuda/mla_attention_block.cuh"
@@ -267,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, 1) MlaAttendKernel(const KernelParam
   constexpr int kSPitch = kTile + 4;
   const int pitch = kPitch > 0 ? kPitch : p.pitch;
 
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  MLAG_DYNAMIC_SMEM(unsigned char, smem_raw);
   float* q_s = reinterpret_cast<float*>(smem_raw);
   CacheT* kv_s = reinterpret_cast<CacheT*>(q_s + kVecs * pitch);
   float* s_s = reinterpret_cast<float*>(kv_s + 2 * kTile * pitch);
@@ -610,7 +608,7 @@ cudaError_t LaunchAttend(const KernelParams& p, unsigned grid, cudaStream_t stre
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  kernel<<<grid, kThreads, smem, stream>>>(p);
+  MLAG_LAUNCH(kernel, grid, kThreads, smem, stream)(p);
   return cudaGetLastError();
 }
 
@@ -684,7 +682,7 @@ cudaError_t LaunchDecodeAttend(const KernelParams& p, unsigned grid, int device,
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  kernel<<<grid, kThreads, smem, stream>>>(p);
+  MLAG_LAUNCH(kernel, grid, kThreads, smem, stream)(p);
   return cudaGetLastError();
 }
 
@@ -721,15 +719,14 @@ cudaError_t LaunchMlaDecode(const MlaAttentionArgs& a, void* workspace, size_t w
     p.plan = reinterpret_cast<int*>(base);
     p.part_lse = reinterpret_cast<float*>(base + l.lse_offset);
     p.part_out = reinterpret_cast<float*>(base + l.out_offset);
-    MlaDecodePlanKernel<<<1, kPlanThreads, 0, stream>>>(a.seq_lens, num_seqs, p.capacity, extra,
+    MLAG_LAUNCH(MlaDecodePlanKernel, 1, kPlanThreads, 0, stream)(a.seq_lens, num_seqs, p.capacity, extra,
                                                         reinterpret_cast<int*>(base));
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
   err = LaunchDecodeAttend(p, static_cast<unsigned>(num_items * p.head_groups), device, stream);
   if (err != cudaSuccess || extra == 0) return err;
-  MlaDecodeCombineKernel<<<dim3(static_cast<unsigned>(a.heads), static_cast<unsigned>(num_seqs)),
-                           kCombineThreads, 0, stream>>>(p.plan, p.part_out, p.part_lse,
+  MLAG_LAUNCH(MlaDecodeCombineKernel, dim3(static_cast<unsigned>(a.heads), static_cast<unsigned>(num_seqs)), kCombineThreads, 0, stream)(p.plan, p.part_out, p.part_lse,
                                                          static_cast<int>(a.heads),
                                                          static_cast<int>(a.rkv), a.out_latent,
                                                          a.lse);
@@ -741,7 +738,7 @@ cudaError_t LaunchMlaPrefill(const MlaAttentionArgs& a, cudaStream_t stream) {
   if (a.num_rows == 0) return cudaSuccess;
   KernelParams p = BaseParams(a);
   p.prefill = 1;
-  MlaPrefillClearKernel<<<static_cast<unsigned>(a.num_rows), 128, 0, stream>>>(
+  MLAG_LAUNCH(MlaPrefillClearKernel, static_cast<unsigned>(a.num_rows), 128, 0, stream)(
       a.query_start_loc, static_cast<int>(a.num_seqs), a.heads * a.rkv,
       static_cast<int>(a.heads), a.out_latent, a.lse);
   cudaError_t err = cudaGetLastError();

@@ -16,11 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#if defined(MLAG_CUDA_EMULATION)
-// cudaError_t and cudaStream_t come from tests/cuda_emu/cuda_emulation.h.
-#else
-#include <cuda_runtime.h>
-#endif
+#include "kernels/cuda/cuda_api.cuh"
 
 namespace mlag::cuda {
 

@@ -17,13 +17,6 @@ inline constexpr int kThreads = 256;
 inline constexpr int kVecs = 16;          // query vectors per block
 inline constexpr int kNoSplit = 1 << 30;  // split length meaning "never split"
 
-// The dynamic shared memory of a kernel, as a byte pointer named `name`.
-#if defined(MLAG_CUDA_EMULATION)
-#define MLAG_DYNAMIC_SMEM(name) unsigned char* name = ::mlag::emu::DynamicSmem()
-#else
-#define MLAG_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
-#endif
-
 // 16-byte global -> shared copy; src_bytes == 0 writes zeros and reads nothing.
 __device__ __forceinline__ void CpAsync16(void* smem_dst, const void* gmem_src, int src_bytes) {
 #if defined(MLAG_CUDA_EMULATION)

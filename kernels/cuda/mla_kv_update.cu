@@ -107,7 +107,8 @@ struct KvArgs {
 
 template <typename SrcC, typename SrcPe, typename Dst>
 cudaError_t Launch(const KvArgs& a, cudaStream_t stream) {
-  MlaKvUpdateKernel<SrcC, SrcPe, Dst><<<static_cast<unsigned>(a.num_tokens), kThreads, 0, stream>>>(
+  auto* const kernel = MlaKvUpdateKernel<SrcC, SrcPe, Dst>;
+  MLAG_LAUNCH(kernel, static_cast<unsigned>(a.num_tokens), kThreads, 0, stream)(
       static_cast<const SrcC*>(a.kv_c), a.kv_c_row_stride, static_cast<const SrcPe*>(a.k_pe),
       a.k_pe_row_stride, a.slot_mapping, a.slot_mapping_stride, static_cast<Dst*>(a.cache),
       a.num_slots, a.rkv, a.dr);

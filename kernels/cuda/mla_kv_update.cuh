@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include <cuda_runtime.h>
+#include "kernels/cuda/cuda_api.cuh"
 
 namespace mlag::cuda {
 

@@ -2,7 +2,6 @@
 // device-planned grouped GEMM (see kernels/cuda/moe.cuh for the contract).
 #include "kernels/cuda/moe.cuh"
 
-#include <cub/block/block_scan.cuh>
 
 #include "kernels/common/routing_math.h"
 
@@ -44,7 +43,7 @@ __global__ void __launch_bounds__(kRouteMaxWarps * kWarpSize)
     MoeRouteKernel(MoeRouteParams p, const float* __restrict__ logits, int64_t ld,
                    const float* __restrict__ bias, int64_t num_tokens, int32_t* __restrict__ ids,
                    float* __restrict__ weights) {
-  extern __shared__ float route_smem[];
+  MLAG_DYNAMIC_SMEM(float, route_smem);
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + warp;
@@ -183,7 +182,7 @@ __global__ void __launch_bounds__(kPlanThreads)
                   int32_t* __restrict__ offsets, int32_t* __restrict__ tile_offsets,
                   int32_t* __restrict__ row_of, int32_t* __restrict__ token_of_row) {
   using BlockScan = cub::BlockScan<int32_t, kPlanThreads>;
-  extern __shared__ int32_t cursor[];  // counts, then the next free row per slot
+  MLAG_DYNAMIC_SMEM(int32_t, cursor);  // counts, then the next free row per slot
   __shared__ int32_t chunk_slot[kPlanThreads];
   __shared__ int32_t chunk_row[kPlanThreads];
   __shared__ typename BlockScan::TempStorage scan_storage;
@@ -418,11 +417,10 @@ cudaError_t LaunchGroupedGemm(const TileConfig& cfg, const GroupedGemmArgs& p, i
                               cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(max_tiles),
                   static_cast<unsigned>((p.n + kTileN - 1) / kTileN));
-  if (cfg.bm == kLargeTiles.bm) {
-    MoeGroupedGemmKernel<64, kTileN, kTileK, 4, 4, kGateUp><<<grid, 256, 0, stream>>>(p);
-  } else {
-    MoeGroupedGemmKernel<16, kTileN, kTileK, 1, 4, kGateUp><<<grid, 256, 0, stream>>>(p);
-  }
+  auto* const kernel = cfg.bm == kLargeTiles.bm
+                           ? MoeGroupedGemmKernel<64, kTileN, kTileK, 4, 4, kGateUp>
+                           : MoeGroupedGemmKernel<16, kTileN, kTileK, 1, 4, kGateUp>;
+  MLAG_LAUNCH(kernel, grid, 256, 0, stream)(p);
   return cudaGetLastError();
 }
 
@@ -497,7 +495,7 @@ cudaError_t LaunchMoeRoute(const MoeRouteParams& params, const float* logits, in
   const int64_t blocks = (num_tokens + warps - 1) / warps;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   const size_t smem = static_cast<size_t>(warps) * RouteWarpBytes(E, G);
-  MoeRouteKernel<<<static_cast<unsigned>(blocks), warps * kWarpSize, smem, stream>>>(
+  MLAG_LAUNCH(MoeRouteKernel, static_cast<unsigned>(blocks), warps * kWarpSize, smem, stream)(
       params, logits, logits_ld, correction_bias, num_tokens, topk_ids, topk_weights);
   return cudaGetLastError();
 }
@@ -530,7 +528,7 @@ cudaError_t LaunchMoeExperts(const MoeExpertsArgs& a, cudaStream_t stream) {
     const TileConfig cfg =
         static_cast<int64_t>(pairs) >= kLargeTileRows * (a.L > 0 ? a.L : 1) ? kLargeTiles
                                                                              : kSmallTiles;
-    MoePlanKernel<<<1, kPlanThreads, static_cast<size_t>(a.L) * sizeof(int32_t), stream>>>(
+    MLAG_LAUNCH(MoePlanKernel, 1, kPlanThreads, static_cast<size_t>(a.L) * sizeof(int32_t), stream)(
         a.topk_ids, pairs, a.K, a.expert_map, a.E, a.L, cfg.bm, offsets, tile_offsets, row_of,
         token_of_row);
     cudaError_t err = cudaGetLastError();
@@ -574,7 +572,7 @@ cudaError_t LaunchMoeExperts(const MoeExpertsArgs& a, cudaStream_t stream) {
   const int64_t n = static_cast<int64_t>(a.T) * a.D;
   int64_t blocks = (n + kCombineThreads - 1) / kCombineThreads;
   if (blocks > 65535 * 8) blocks = 65535 * 8;
-  MoeCombineKernel<<<static_cast<unsigned>(blocks), kCombineThreads, 0, stream>>>(
+  MLAG_LAUNCH(MoeCombineKernel, static_cast<unsigned>(blocks), kCombineThreads, 0, stream)(
       y, row_of, a.topk_weights, a.T, a.K, a.D, a.out);
   return cudaGetLastError();
 }

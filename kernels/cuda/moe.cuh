@@ -11,7 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include <cuda_runtime.h>
+#include "kernels/cuda/cuda_api.cuh"
 
 namespace mlag::cuda {
 

@@ -8,7 +8,6 @@
 // later writes it, in pass 1 or just before in pass 2.
 #include "kernels/cuda/rms_norm.cuh"
 
-#include <cub/block/block_reduce.cuh>
 
 #include "kernels/cuda/dtype_access.cuh"
 
@@ -79,7 +78,7 @@ cudaError_t LaunchRmsNorm(const void* x, int x_dtype, int64_t x_row_stride, cons
                           int weight_dtype, void* y, int y_dtype, int64_t y_row_stride,
                           int64_t rows, int64_t dim, float eps, cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return cudaSuccess;
-  RmsNormKernel<false><<<Blocks(rows), kThreads, 0, stream>>>(
+  MLAG_LAUNCH(RmsNormKernel<false>, Blocks(rows), kThreads, 0, stream)(
       nullptr, 0, 0, x, nullptr, x_dtype, x_row_stride, weight, weight_dtype, y,
       y_dtype, y_row_stride, rows, dim, eps);
   return cudaGetLastError();
@@ -91,7 +90,7 @@ cudaError_t LaunchAddRmsNorm(const void* x, int x_dtype, int64_t x_row_stride, v
                              int64_t y_row_stride, int64_t rows, int64_t dim, float eps,
                              cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return cudaSuccess;
-  RmsNormKernel<true><<<Blocks(rows), kThreads, 0, stream>>>(
+  MLAG_LAUNCH(RmsNormKernel<true>, Blocks(rows), kThreads, 0, stream)(
       x, x_dtype, x_row_stride, residual, residual, residual_dtype, residual_row_stride, weight,
       weight_dtype, y, y_dtype, y_row_stride, rows, dim, eps);
   return cudaGetLastError();

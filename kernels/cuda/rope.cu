@@ -44,7 +44,7 @@ cudaError_t LaunchApplyRope(const int32_t* positions, int64_t position_stride, c
                             cudaStream_t stream) {
   if (num_tokens <= 0 || half <= 0) return cudaSuccess;
   const int blocks = static_cast<int>(num_tokens < kMaxBlocks ? num_tokens : kMaxBlocks);
-  ApplyRopeKernel<<<blocks, kThreads, 0, stream>>>(positions, position_stride, table, table_rows,
+  MLAG_LAUNCH(ApplyRopeKernel, blocks, kThreads, 0, stream)(positions, position_stride, table, table_rows,
                                                    table_row_stride, q_pe, q_token_stride,
                                                    q_head_stride, heads, k_pe, k_token_stride,
                                                    num_tokens, half);

@@ -20,8 +20,6 @@
 // all fall in one bin adds them with shuffles and one shared atomic.
 #include "kernels/cuda/sampling.cuh"
 
-#include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
 
 #include "kernels/common/random.h"
 #include "kernels/common/sampling_math.h"
@@ -271,7 +269,7 @@ cudaError_t LaunchSample(const float* logits, int64_t B, int64_t V, int64_t logi
                          cudaStream_t stream) {
   if (B == 0) return cudaSuccess;
   if (B < 0 || B > 0x7fffffff || V < 1 || V > 0x7fffffff) return cudaErrorInvalidValue;
-  SampleKernel<<<static_cast<unsigned int>(B), kThreads, 0, stream>>>(
+  MLAG_LAUNCH(SampleKernel, static_cast<unsigned int>(B), kThreads, 0, stream)(
       logits, static_cast<int>(V), logits_row_stride, temperature, top_k, top_p, seeds, steps,
       out_tokens);
   return cudaGetLastError();

@@ -1,8 +1,9 @@
-// A CPU emulation of the slice of CUDA that the tensor-core MLA decode
-// kernel (kernels/cuda/mla_decode_mma.cuh) uses, so that the kernel's own
-// source runs on a machine without a GPU and is checked against the host
-// kernel. Include this first, with MLAG_CUDA_EMULATION defined, then the
-// kernel headers.
+// A CPU emulation of the slice of CUDA that the kernels in kernels/cuda/
+// use, so that their own sources (kernels and launchers) run on a machine
+// without a GPU and are checked against the host kernels. With
+// MLAG_CUDA_EMULATION defined, kernels/cuda/cuda_api.cuh includes this in
+// place of <cuda_runtime.h>; tests/cuda_emu/emu_*.cc compile the .cu files
+// that way as C++.
 //
 // What is emulated, and how:
 //   * Threads are fibers (ucontext), one OS thread, one block at a time. A
@@ -20,6 +21,14 @@
 //     double, then rounded once to f32.
 //   * cp.async copies at once (commit and wait are no-ops): a copy issued
 //     into a ring slot still being read corrupts the results.
+//   * cub::BlockScan / cub::BlockReduce keep CUB's contract: results of a
+//     reduction exist in thread 0 only (the others get a poison value), and
+//     the temporary storage may not be reused without a barrier.
+//   * Launches check what a GPU checks (block size <= 1024, grid y, z <=
+//     65535, dynamic shared memory <= 48 KB unless raised with
+//     cudaFuncSetAttribute, <= the device's 227 KB) and report a bad
+//     configuration through cudaGetLastError. The device is an H100-like
+//     compute capability 9.0 with 132 SMs.
 // Not emulated: timing, memory-model races between threads of a block
 // (fibers are sequential), anything outside this kernel's needs.
 #pragma once
@@ -38,6 +47,9 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
+#include <memory>
+#include <type_traits>
 #include <vector>
 
 // ---- Language ----------------------------------------------------------------
@@ -49,13 +61,34 @@
 #define __launch_bounds__(...)
 #define __shared__ static
 
-using cudaError_t = int;
-using cudaStream_t = void*;
+// ---- Runtime API types ---------------------------------------------------------
 
-struct EmuDim3 {
-  unsigned x = 0, y = 0, z = 0;
+enum cudaError_t : int {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorNotSupported = 801,
 };
-inline EmuDim3 threadIdx, blockIdx, blockDim, gridDim;
+// The same type as the real runtime's, so that launchers compiled here
+// mangle to the same names as the CUDA build's: a test binary then links the
+// emulated launchers in place of the real ones instead of alongside them.
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+enum cudaDeviceAttr : int {
+  cudaDevAttrMaxSharedMemoryPerBlockOptin,
+  cudaDevAttrMultiProcessorCount,
+  cudaDevAttrComputeCapabilityMajor,
+};
+enum cudaFuncAttribute : int { cudaFuncAttributeMaxDynamicSharedMemorySize };
+inline const char* cudaGetErrorString(cudaError_t e) {
+  return e == cudaSuccess ? "no error" : "emulated launch error";
+}
+
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+inline dim3 threadIdx{0, 0, 0}, blockIdx{0, 0, 0}, blockDim, gridDim;
 
 struct uint2 {
   uint32_t x, y;
@@ -78,6 +111,41 @@ inline float __uint_as_float(uint32_t u) {
   std::memcpy(&f, &u, 4);
   return f;
 }
+// IEEE round-to-nearest arithmetic, never contracted into an FMA.
+inline float __fmul_rn(float a, float b) {
+  volatile float r = a * b;
+  return r;
+}
+inline float __fadd_rn(float a, float b) {
+  volatile float r = a + b;
+  return r;
+}
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsqrt_rn(float a) { return sqrtf(a); }
+inline double __ddiv_rn(double a, double b) { return a / b; }
+inline float __double2float_rn(double a) { return static_cast<float>(a); }
+inline int __popc(unsigned v) { return __builtin_popcount(v); }
+inline int __ffs(int v) { return __builtin_ffs(v); }
+
+// Fibers run one at a time, so read-modify-write is atomic by construction.
+template <typename T, typename U>
+T atomicAdd(T* p, U v) {
+  const T old = *p;
+  *p = static_cast<T>(old + static_cast<T>(v));
+  return old;
+}
+template <typename T, typename U>
+T atomicMin(T* p, U v) {
+  const T old = *p;
+  if (static_cast<T>(v) < old) *p = static_cast<T>(v);
+  return old;
+}
+template <typename T, typename U>
+T atomicMax(T* p, U v) {
+  const T old = *p;
+  if (static_cast<T>(v) > old) *p = static_cast<T>(v);
+  return old;
+}
 
 namespace mlag::emu {
 
@@ -90,7 +158,7 @@ namespace mlag::emu {
 
 struct Fiber {
   ucontext_t context;
-  std::vector<char> stack;
+  std::unique_ptr<char[]> stack;  // uninitialised: pages are touched as used
   unsigned tid = 0;
   bool done = false;
 };
@@ -192,59 +260,98 @@ void WarpCollective(Deposit deposit, Compute compute) {
   Park();
 }
 
-// Runs `grid` blocks of `threads` threads of `body` (which reads threadIdx
-// and blockIdx), one block after another, each with `smem_bytes` of
-// dynamic shared memory.
-inline void Launch(unsigned grid, unsigned threads, size_t smem_bytes,
-                   const std::function<void()>& body) {
+// The last launch error, as cudaGetLastError reports (and clears) it.
+inline cudaError_t& LastError() {
+  static cudaError_t e = cudaSuccess;
+  return e;
+}
+
+// Dynamic shared memory limits raised with cudaFuncSetAttribute, per kernel.
+inline std::map<const void*, int>& SmemAttributes() {
+  static std::map<const void*, int> m;
+  return m;
+}
+
+inline constexpr int kSmemDefault = 48 * 1024;
+inline constexpr int kSmemOptin = 227 * 1024;
+inline constexpr int kSms = 132;
+
+// Runs every block of `grid` with `block` threads of `body` (which reads
+// threadIdx and blockIdx), one block after another, each with `smem_bytes`
+// of dynamic shared memory.
+inline void Launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body) {
+  const unsigned threads = block.x;
+  if (block.y != 1 || block.z != 1) Fail("only 1-D thread blocks are emulated");
   if (threads == 0 || threads % 32 != 0) Fail("block size must be a multiple of 32");
-  constexpr size_t kStack = 256 * 1024;
+  constexpr size_t kStack = 128 * 1024;
   BlockState b;
   b.body = body;
   b.fibers.resize(threads);
+  for (Fiber& f : b.fibers) f.stack.reset(new char[kStack]);
   b.warps.resize(threads / 32);
   Exchanges().assign(threads / 32, WarpExchange{});
   b.dynamic_smem.resize(smem_bytes + 16);
   Block() = &b;
-  blockDim.x = threads;
-  gridDim.x = grid;
-  for (unsigned block = 0; block < grid; ++block) {
-    blockIdx.x = block;
-    std::memset(b.dynamic_smem.data(), 0xff, b.dynamic_smem.size());
-    b.live = static_cast<int>(threads);
-    b.runnable.clear();
-    b.block_waiters.clear();
-    for (unsigned t = 0; t < threads; ++t) {
-      Fiber& f = b.fibers[t];
-      f.tid = t;
-      f.done = false;
-      f.stack.resize(kStack);
-      if (getcontext(&f.context) != 0) Fail("getcontext");
-      f.context.uc_stack.ss_sp = f.stack.data();
-      f.context.uc_stack.ss_size = f.stack.size();
-      f.context.uc_link = &b.scheduler;
-      makecontext(&f.context, FiberEntry, 0);
-      b.runnable.push_back(static_cast<int>(t));
-    }
-    while (!b.runnable.empty()) {
-      const int next = b.runnable.front();
-      b.runnable.pop_front();
-      b.current = next;
-      threadIdx.x = b.fibers[static_cast<size_t>(next)].tid;
-      if (swapcontext(&b.scheduler, &b.fibers[static_cast<size_t>(next)].context) != 0) {
-        Fail("swapcontext");
-      }
-      // A fiber that finished while others wait at a barrier they can now
-      // pass (the finished one no longer counts): release them.
-      if (b.fibers[static_cast<size_t>(next)].done && !b.block_waiters.empty() &&
-          static_cast<int>(b.block_waiters.size()) == b.live) {
-        for (int w : b.block_waiters) b.runnable.push_back(w);
+  blockDim = dim3(threads);
+  gridDim = grid;
+  for (unsigned bz = 0; bz < grid.z; ++bz) {
+    for (unsigned by = 0; by < grid.y; ++by) {
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        blockIdx = dim3(bx, by, bz);
+        std::memset(b.dynamic_smem.data(), 0xff, b.dynamic_smem.size());
+        b.live = static_cast<int>(threads);
+        b.runnable.clear();
         b.block_waiters.clear();
+        for (unsigned t = 0; t < threads; ++t) {
+          Fiber& f = b.fibers[t];
+          f.tid = t;
+          f.done = false;
+          if (getcontext(&f.context) != 0) Fail("getcontext");
+          f.context.uc_stack.ss_sp = f.stack.get();
+          f.context.uc_stack.ss_size = kStack;
+          f.context.uc_link = &b.scheduler;
+          makecontext(&f.context, FiberEntry, 0);
+          b.runnable.push_back(static_cast<int>(t));
+        }
+        while (!b.runnable.empty()) {
+          const int next = b.runnable.front();
+          b.runnable.pop_front();
+          b.current = next;
+          threadIdx = dim3(b.fibers[static_cast<size_t>(next)].tid, 0, 0);
+          if (swapcontext(&b.scheduler, &b.fibers[static_cast<size_t>(next)].context) != 0) {
+            Fail("swapcontext");
+          }
+          // A fiber that finished while the others wait at a barrier they
+          // can now pass (finished threads no longer count): release them.
+          if (b.fibers[static_cast<size_t>(next)].done && !b.block_waiters.empty() &&
+              static_cast<int>(b.block_waiters.size()) == b.live) {
+            for (int w : b.block_waiters) b.runnable.push_back(w);
+            b.block_waiters.clear();
+          }
+        }
+        if (b.live != 0) Fail("deadlock: threads wait at a barrier the others never reach");
       }
     }
-    if (b.live != 0) Fail("deadlock: threads wait at a barrier the others never reach");
   }
   Block() = nullptr;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...): checks the configuration
+// as the driver does, then runs the grid at once (the emulated stream is
+// synchronous).
+template <typename Kernel>
+auto Launcher(Kernel* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t) {
+  return [kernel, grid, block, smem](auto&&... args) {
+    auto it = SmemAttributes().find(reinterpret_cast<const void*>(kernel));
+    const int limit = it != SmemAttributes().end() ? it->second : kSmemDefault;
+    if (block.x == 0 || block.x > 1024 || block.y != 1 || block.z != 1 || grid.x == 0 ||
+        grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 ||
+        smem > static_cast<size_t>(limit)) {
+      LastError() = cudaErrorInvalidConfiguration;
+      return;
+    }
+    Launch(grid, block, smem, [&] { kernel(args...); });
+  };
 }
 
 // ---- Memory and warp-level instructions -------------------------------------
@@ -340,22 +447,213 @@ inline void LdMatrixX4Trans(uint32_t (&r)[4], const uint16_t* row) {
 
 }  // namespace mlag::emu
 
-// __shfl_xor_sync with a full mask: lane l receives v of lane l ^ lane_mask.
-inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
-  using namespace mlag::emu;
-  if (mask != 0xffffffffu) Fail("__shfl_xor_sync: only the full mask is emulated");
-  uint32_t bits;
-  std::memcpy(&bits, &v, 4);
-  WarpCollective([&](WarpExchange& ex, unsigned lane) { ex.in[lane][0] = bits; },
-                 [lane_mask](WarpExchange& ex) {
-                   for (int lane = 0; lane < 32; ++lane) {
-                     ex.out[lane][0] = ex.in[lane ^ (lane_mask & 31)][0];
-                   }
-                 });
-  const uint32_t got = Exchanges()[threadIdx.x >> 5].out[threadIdx.x & 31][0];
-  float r;
-  std::memcpy(&r, &got, 4);
+// ---- Warp intrinsics (full mask only) ---------------------------------------------
+
+namespace mlag::emu {
+
+inline void RequireFullMask(unsigned mask, const char* what) {
+  if (mask != 0xffffffffu) Fail(what);
+}
+
+// Lane l receives v of lane src(l).
+template <typename T, typename Src>
+T Shuffle(T v, Src src) {
+  static_assert(std::is_trivially_copyable<T>::value && sizeof(T) <= 8, "shuffled type");
+  uint32_t words[2] = {0, 0};
+  std::memcpy(words, &v, sizeof(T));
+  WarpCollective(
+      [&](WarpExchange& ex, unsigned lane) {
+        ex.in[lane][0] = words[0];
+        ex.in[lane][1] = words[1];
+      },
+      [src](WarpExchange& ex) {
+        for (int lane = 0; lane < 32; ++lane) {
+          const int from = src(lane) & 31;
+          ex.out[lane][0] = ex.in[from][0];
+          ex.out[lane][1] = ex.in[from][1];
+        }
+      });
+  const uint32_t* got = Exchanges()[threadIdx.x >> 5].out[threadIdx.x & 31];
+  T r;
+  std::memcpy(&r, got, sizeof(T));
   return r;
+}
+
+// Per lane, the mask of lanes whose `value` equals its own.
+template <typename T>
+unsigned MatchAny(T value) {
+  static_assert(sizeof(T) <= 8, "matched type");
+  uint64_t bits = 0;
+  std::memcpy(&bits, &value, sizeof(T));
+  WarpCollective(
+      [&](WarpExchange& ex, unsigned lane) {
+        ex.in[lane][0] = static_cast<uint32_t>(bits);
+        ex.in[lane][1] = static_cast<uint32_t>(bits >> 32);
+      },
+      [](WarpExchange& ex) {
+        for (int lane = 0; lane < 32; ++lane) {
+          unsigned m = 0;
+          for (int other = 0; other < 32; ++other) {
+            if (ex.in[other][0] == ex.in[lane][0] && ex.in[other][1] == ex.in[lane][1]) {
+              m |= 1u << other;
+            }
+          }
+          ex.out[lane][0] = m;
+        }
+      });
+  return Exchanges()[threadIdx.x >> 5].out[threadIdx.x & 31][0];
+}
+
+}  // namespace mlag::emu
+
+template <typename T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+  mlag::emu::RequireFullMask(mask, "__shfl_xor_sync: only the full mask is emulated");
+  return mlag::emu::Shuffle(v, [lane_mask](int lane) { return lane ^ lane_mask; });
+}
+template <typename T>
+T __shfl_sync(unsigned mask, T v, int src_lane) {
+  mlag::emu::RequireFullMask(mask, "__shfl_sync: only the full mask is emulated");
+  return mlag::emu::Shuffle(v, [src_lane](int) { return src_lane; });
+}
+template <typename T>
+unsigned __match_any_sync(unsigned mask, T value) {
+  mlag::emu::RequireFullMask(mask, "__match_any_sync: only the full mask is emulated");
+  return mlag::emu::MatchAny(value);
+}
+template <typename T>
+unsigned __match_all_sync(unsigned mask, T value, int* pred) {
+  mlag::emu::RequireFullMask(mask, "__match_all_sync: only the full mask is emulated");
+  const unsigned m = mlag::emu::MatchAny(value);
+  *pred = m == 0xffffffffu;
+  return *pred ? m : 0u;
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  mlag::emu::RequireFullMask(mask, "__syncwarp: only the full mask is emulated");
+  mlag::emu::WarpCollective([](mlag::emu::WarpExchange&, unsigned) {},
+                            [](mlag::emu::WarpExchange&) {});
+}
+
+// ---- CUB block collectives ----------------------------------------------------------
+
+namespace cub {
+
+// A value no correct kernel reads: what a reduction leaves outside thread 0.
+template <typename T>
+T EmuPoison() {
+  T v;
+  std::memset(&v, 0xa5, sizeof(T));
+  return v;
+}
+
+template <typename T, int kBlockThreads>
+class BlockScan {
+ public:
+  struct TempStorage {
+    T values[kBlockThreads];
+  };
+  explicit BlockScan(TempStorage& storage) : s_(storage) {}
+
+  void ExclusiveSum(T in, T& out) {
+    T total;
+    ExclusiveSum(in, out, total);
+  }
+  void ExclusiveSum(T in, T& out, T& aggregate) {
+    Gather(in);
+    out = Sum(0, Tid());
+    aggregate = Sum(0, kBlockThreads);
+  }
+  void InclusiveSum(T in, T& out, T& aggregate) {
+    Gather(in);
+    out = Sum(0, Tid() + 1);
+    aggregate = Sum(0, kBlockThreads);
+  }
+
+ private:
+  static int Tid() { return static_cast<int>(threadIdx.x); }
+  void Gather(T in) {
+    if (static_cast<int>(blockDim.x) != kBlockThreads) {
+      mlag::emu::Fail("cub::BlockScan used with a different block size");
+    }
+    s_.values[Tid()] = in;
+    __syncthreads();
+  }
+  T Sum(int begin, int end) const {
+    T acc = T();
+    for (int i = begin; i < end; ++i) acc = acc + s_.values[i];
+    return acc;
+  }
+  TempStorage& s_;
+};
+
+template <typename T, int kBlockThreads>
+class BlockReduce {
+ public:
+  struct TempStorage {
+    T values[kBlockThreads];
+  };
+  explicit BlockReduce(TempStorage& storage) : s_(storage) {}
+
+  T Sum(T in) {
+    return Reduce(in, [](const T& a, const T& b) { return a + b; });
+  }
+  template <typename Op>
+  T Reduce(T in, Op op) {
+    if (static_cast<int>(blockDim.x) != kBlockThreads) {
+      mlag::emu::Fail("cub::BlockReduce used with a different block size");
+    }
+    s_.values[threadIdx.x] = in;
+    __syncthreads();
+    if (threadIdx.x != 0) return EmuPoison<T>();
+    T acc = s_.values[0];
+    for (int i = 1; i < kBlockThreads; ++i) acc = op(acc, s_.values[i]);
+    return acc;
+  }
+
+ private:
+  TempStorage& s_;
+};
+
+}  // namespace cub
+
+// ---- Runtime API -------------------------------------------------------------------
+
+inline cudaError_t cudaGetLastError() {
+  const cudaError_t e = mlag::emu::LastError();
+  mlag::emu::LastError() = cudaSuccess;
+  return e;
+}
+inline cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (device != 0) return cudaErrorInvalidValue;
+  switch (attr) {
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = mlag::emu::kSmemOptin;
+      return cudaSuccess;
+    case cudaDevAttrMultiProcessorCount:
+      *value = mlag::emu::kSms;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = 9;
+      return cudaSuccess;
+  }
+  return cudaErrorInvalidValue;
+}
+template <typename Kernel>
+cudaError_t cudaFuncSetAttribute(Kernel* kernel, cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
+      value > mlag::emu::kSmemOptin) {
+    return cudaErrorInvalidValue;
+  }
+  mlag::emu::SmemAttributes()[reinterpret_cast<const void*>(kernel)] = value;
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) {
+  std::memset(p, value, bytes);
+  return cudaSuccess;
 }
 
 [[noreturn]] inline void __trap() { mlag::emu::Fail("__trap"); }

@@ -1,25 +1,32 @@
-// The tensor-core MLA decode kernel's own source
-// (kernels/cuda/mla_decode_mma.cuh), run on the CPU through the emulation in
-// tests/cuda_emu/cuda_emulation.h, against the host kernel: fragment
-// layouts, the cp.async ring, the cross-warp score reduction, the online
-// softmax, head groups, split items and the epilogue, on odd and DeepSeek
-// widths. The split-item partials are merged here as the combine kernel
-// merges them (kernels/common/softmax_math.h). The tolerance is the one the
-// GPU test uses for these kernels (tests/mla_attention_cases.h): 4x the
+// The CUDA MLA attention sources run on the CPU through the emulation in
+// tests/cuda_emu/cuda_emulation.h, against the host kernels:
+//   * the tensor-core decode kernel alone (kernels/cuda/mla_decode_mma.cuh),
+//     with split items merged here as the combine kernel merges them
+//     (kernels/common/softmax_math.h): fragment layouts, the cp.async ring,
+//     the cross-warp score reduction, the online softmax, head groups;
+//   * the launchers of kernels/cuda/mla_attention.cu (tests/cuda_emu/
+//     emu_mla_attention.cc): decode with every kernel choice, with and
+//     without a workspace (device planner and combine kernel), and prefill;
+//   * the KV update launcher (emu_mla_kv_update.cc), byte for byte.
+// Tolerances are the GPU test's (tests/mla_attention_cases.h): 1e-5 (3e-5
+// for long rows) for f32 arithmetic; for the tensor-core kernels 4x the
 // double-precision model's distance from the host, plus 1e-5.
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/common/softmax_math.h"
+#include "kernels/mla_kv_update.h"
 #include "tests/mla_attention_cases.h"
 
 #define MLAG_CUDA_EMULATION 1
 #include "tests/cuda_emu/cuda_emulation.h"
 // The emulation must come first.
 #include "kernels/cuda/mla_decode_mma.cuh"
+#include "kernels/cuda/mla_kv_update.cuh"
 
 namespace mlag {
 namespace {
@@ -203,6 +210,197 @@ TEST(CudaEmulationTest, MmaFollowsThePtxLayout) {
     EXPECT_EQ(got[lane * 4 + 1], g * 8 + 2 * t + 1) << lane;
     EXPECT_EQ(got[lane * 4 + 2], (g + 8) * 8 + 2 * t) << lane;
     EXPECT_EQ(got[lane * 4 + 3], (g + 8) * 8 + 2 * t + 1) << lane;
+  }
+}
+
+// ---- The launchers of kernels/cuda/mla_attention.cu ------------------------------
+
+cuda::MlaAttentionArgs LauncherArgs(const Dims& d, const Paged& p, const Queries& q, int rows,
+                                    const Outputs& o) {
+  cuda::MlaAttentionArgs a;
+  a.q_latent = q.q_latent.data_as<const float>();
+  a.q_latent_stride0 = q.q_latent.stride(0);
+  a.q_latent_stride1 = q.q_latent.stride(1);
+  a.q_pe = q.q_pe.data_as<const float>();
+  a.q_pe_stride0 = q.q_pe.stride(0);
+  a.q_pe_stride1 = q.q_pe.stride(1);
+  a.cache = p.cache.t.data();
+  a.cache_dtype = static_cast<int>(p.cache.t.dtype());
+  a.num_blocks = p.cache.t.size(0);
+  a.block_size = p.block_size;
+  a.block_table = p.block_table.data<int32_t>();
+  a.block_table_stride = p.max_blocks;
+  a.max_blocks = p.max_blocks;
+  a.seq_lens = p.seq_lens.data<int32_t>();
+  a.num_seqs = p.seq_lens.t.size(0);
+  a.num_rows = rows;
+  a.heads = d.heads;
+  a.rkv = d.rkv;
+  a.dr = d.dr;
+  a.scale = q.scale;
+  a.out_latent = o.out.data<float>();
+  a.lse = o.lse.data<float>();
+  return a;
+}
+
+struct LaunchCase {
+  DType cache;
+  int block_size;
+  MlaDecodeKernel kernel;
+};
+
+int KernelCode(MlaDecodeKernel k) {
+  switch (k) {
+    case MlaDecodeKernel::kAuto:
+      return cuda::kMlaDecodeAuto;
+    case MlaDecodeKernel::kF32:
+      return cuda::kMlaDecodeF32;
+    case MlaDecodeKernel::kTensorCore:
+      return cuda::kMlaDecodeMma;
+    case MlaDecodeKernel::kTensorCoreBf16Q:
+      return cuda::kMlaDecodeMmaBf16Q;
+  }
+  return -1;
+}
+
+class MlaDecodeLaunchEmuTest : public ::testing::TestWithParam<LaunchCase> {
+ protected:
+  void Check(const Dims& d, const std::vector<int>& lens, double base_tol, uint32_t seed) {
+    const LaunchCase c = GetParam();
+    const int batch = static_cast<int>(lens.size());
+    const Paged p = MakePaged(d, c.cache, c.block_size, lens, lens, seed);
+    const Queries q = MakeQueries(d, batch, seed + 1);
+    const Outputs want = HostDecode(d, p, q, batch);
+    const bool mma_shapes = c.cache == DType::kBF16 && (d.rkv + d.dr) % 16 == 0 && d.rkv % 8 == 0;
+    const bool tensor_core = c.kernel == MlaDecodeKernel::kTensorCore ||
+                             c.kernel == MlaDecodeKernel::kTensorCoreBf16Q ||
+                             (c.kernel == MlaDecodeKernel::kAuto && mma_shapes);
+    double tol = base_tol;
+    if (tensor_core && mma_shapes) {
+      const Outputs model = ModelTensorCoreDecode(d, p, q, batch,
+                                                  c.kernel != MlaDecodeKernel::kTensorCoreBf16Q);
+      const AttnDiff m = Compare(model.out, model.lse, want.out, want.lse);
+      tol = 4.0 * std::max(m.out, m.lse) + base_tol;
+    }
+    const size_t ws_bytes = cuda::MlaDecodeWorkspaceBytes(
+        batch, d.heads, d.rkv, cuda::MlaDecodeDefaultMaxSplits(batch));
+    std::vector<float> workspace(ws_bytes / sizeof(float) + 1, std::nanf(""));
+    for (bool with_workspace : {true, false}) {
+      const Outputs got = PoisonedOutputs(d, batch);
+      cuda::MlaAttentionArgs a = LauncherArgs(d, p, q, batch, got);
+      a.decode_kernel = KernelCode(c.kernel);
+      const cudaError_t err = cuda::LaunchMlaDecode(
+          a, with_workspace ? workspace.data() : nullptr, with_workspace ? ws_bytes : 0, nullptr);
+      if (tensor_core && !mma_shapes) {
+        EXPECT_EQ(err, cudaErrorNotSupported);
+        continue;
+      }
+      ASSERT_EQ(err, cudaSuccess);
+      ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+      if (with_workspace) {
+        // The device planner's item count (plan[num_seqs]): sequences longer
+        // than the minimum split of 128 tokens must have been split.
+        const int items = reinterpret_cast<const int32_t*>(workspace.data())[batch];
+        int expected_min = batch;
+        for (int len : lens) expected_min += len > 128 ? 1 : 0;
+        EXPECT_GE(items, expected_min);
+      }
+      ExpectClose(Compare(got.out, got.lse, want.out, want.lse), tol,
+                  std::string(with_workspace ? "planned" : "unsplit") + " H" +
+                      std::to_string(d.heads) + " rkv" + std::to_string(d.rkv) + " dr" +
+                      std::to_string(d.dr));
+    }
+  }
+};
+
+TEST_P(MlaDecodeLaunchEmuTest, NarrowRows) {
+  Check(Dims{3, 40, 8}, {1, 2, 15, 0, 16, 17, 63, 64, 65, 129, 200}, 1e-5, 81);
+}
+
+// Rows that are not a multiple of 16 bytes (the f32 kernel's element-wise
+// tile loads; the tensor-core kernels refuse them) and two head groups.
+TEST_P(MlaDecodeLaunchEmuTest, OddWidthsTwoHeadGroups) {
+  Check(Dims{20, 37, 6}, {0, 3, 150, 70}, 1e-5, 82);
+}
+
+// The planner splits the sequences longer than 128 tokens (the minimum
+// split) and the combine kernel merges them.
+TEST_P(MlaDecodeLaunchEmuTest, DeepSeekWidthsSplit) {
+  Check(Dims{16, 512, 64}, {300, 1, 0, 129}, 3e-5, 83);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Kernels, MlaDecodeLaunchEmuTest,
+    ::testing::Values(LaunchCase{DType::kF32, 16, MlaDecodeKernel::kAuto},
+                      LaunchCase{DType::kBF16, 64, MlaDecodeKernel::kF32},
+                      LaunchCase{DType::kBF16, 16, MlaDecodeKernel::kAuto},
+                      LaunchCase{DType::kBF16, 64, MlaDecodeKernel::kTensorCoreBf16Q},
+                      LaunchCase{DType::kF32, 64, MlaDecodeKernel::kTensorCore}),
+    [](const ::testing::TestParamInfo<LaunchCase>& info) {
+      return std::string(DTypeName(info.param.cache)) + "_block" +
+             std::to_string(info.param.block_size) + "_" + MlaDecodeKernelName(info.param.kernel);
+    });
+
+// Prefill through LaunchMlaPrefill: sequence b has cached[b] tokens before
+// fresh[b] new query rows; one row before the first sequence and one after
+// the last belong to none (zeros, lse -inf).
+void CheckPrefill(DType cache, const Dims& d, const std::vector<int>& cached,
+                  const std::vector<int>& fresh, uint32_t seed) {
+  const int batch = static_cast<int>(cached.size());
+  std::vector<int> lens(cached.size());
+  for (size_t b = 0; b < lens.size(); ++b) lens[b] = cached[b] + fresh[b];
+  const Paged p = MakePaged(d, cache, 16, lens, lens, seed);
+  int rows = 2;
+  for (int f : fresh) rows += f;
+  const Queries q = MakeQueries(d, rows, seed + 1);
+  Owned qsl = Make(DType::kI32, {batch + 1});
+  qsl.data<int32_t>()[0] = 1;
+  for (int b = 0; b < batch; ++b) qsl.data<int32_t>()[b + 1] = qsl.data<int32_t>()[b] + fresh[b];
+  Outputs want = PoisonedOutputs(d, rows);
+  ASSERT_TRUE(MlaPrefill(HostStream(), q.q_latent, q.q_pe, p.cache.t, p.block_table.t,
+                         p.seq_lens.t, qsl.t, q.scale, want.out.t, want.lse.t)
+                  .ok());
+  const Outputs got = PoisonedOutputs(d, rows);
+  cuda::MlaAttentionArgs a = LauncherArgs(d, p, q, rows, got);
+  a.query_start_loc = qsl.data<int32_t>();
+  ASSERT_EQ(cuda::LaunchMlaPrefill(a, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  ExpectClose(Compare(got.out, got.lse, want.out, want.lse), 1e-5,
+              std::string("prefill ") + std::string(DTypeName(cache)) + " H" +
+                  std::to_string(d.heads) + " rkv" + std::to_string(d.rkv));
+}
+
+TEST(MlaPrefillLaunchEmuTest, MatchesHost) {
+  CheckPrefill(DType::kBF16, Dims{3, 40, 8}, {0, 20, 5}, {7, 3, 18}, 91);
+  CheckPrefill(DType::kF32, Dims{20, 37, 6}, {4, 0}, {5, 2}, 92);
+  CheckPrefill(DType::kBF16, Dims{16, 512, 64}, {40, 0}, {9, 4}, 93);
+}
+
+// The KV update launcher writes exactly the host kernel's bytes and leaves
+// every other slot (negative and out-of-range slots included) untouched.
+TEST(MlaKvUpdateLaunchEmuTest, MatchesHostByteForByte) {
+  for (DType cache_dtype : {DType::kF32, DType::kBF16}) {
+    const int rkv = 64, dr = 16, tokens = 9, blocks = 4, block_size = 8;
+    Owned kv_c = Make(DType::kF32, {tokens, rkv});
+    Owned k_pe = Make(DType::kF32, {tokens, dr});
+    testing::FillRandom(kv_c, 101);
+    testing::FillRandom(k_pe, 102);
+    Owned slots = Make(DType::kI64, {tokens});
+    const int64_t slot_values[tokens] = {3, -1, 17, 31, 0, 32, 8, -5, 12};
+    for (int t = 0; t < tokens; ++t) slots.data<int64_t>()[t] = slot_values[t];
+    Owned want = Make(cache_dtype, {blocks, block_size, rkv + dr});
+    testing::FillRandom(want, 103);
+    Owned got = Make(cache_dtype, {blocks, block_size, rkv + dr});
+    std::memcpy(got.buffer.data(), want.buffer.data(), want.buffer.bytes());
+    ASSERT_TRUE(MlaKvUpdate(HostStream(), kv_c.t, k_pe.t, slots.t, want.t).ok());
+    ASSERT_EQ(cuda::LaunchMlaKvUpdate(kv_c.t.data(), static_cast<int>(DType::kF32), rkv,
+                                      k_pe.t.data(), static_cast<int>(DType::kF32), dr,
+                                      slots.data<int64_t>(), 1, tokens, got.t.data(),
+                                      static_cast<int>(cache_dtype), blocks * block_size, rkv,
+                                      dr, nullptr),
+              cudaSuccess);
+    EXPECT_EQ(std::memcmp(got.t.data(), want.t.data(), want.t.nbytes()), 0)
+        << DTypeName(cache_dtype);
   }
 }
 
