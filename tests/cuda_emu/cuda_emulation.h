@@ -240,7 +240,9 @@ inline std::vector<WarpExchange>& Exchanges() {
 
 // Runs a warp collective: every lane deposits its inputs with `deposit`; the
 // last lane to arrive runs `compute` for the whole warp (filling out[][]);
-// then every lane reads its results. Requires all 32 lanes of the warp live.
+// then every lane reads its results. `compute` may use only what the lanes
+// deposited (it runs as whichever lane came last). Requires all 32 lanes of
+// the warp live.
 template <typename Deposit, typename Compute>
 void WarpCollective(Deposit deposit, Compute compute) {
   BlockState& b = *Block();
@@ -455,9 +457,10 @@ inline void RequireFullMask(unsigned mask, const char* what) {
   if (mask != 0xffffffffu) Fail(what);
 }
 
-// Lane l receives v of lane src(l).
-template <typename T, typename Src>
-T Shuffle(T v, Src src) {
+// Each lane gives v and names the lane it reads (`from`, taken mod 32, as
+// every lane may name a different one); it receives that lane's v.
+template <typename T>
+T Shuffle(T v, int from) {
   static_assert(std::is_trivially_copyable<T>::value && sizeof(T) <= 8, "shuffled type");
   uint32_t words[2] = {0, 0};
   std::memcpy(words, &v, sizeof(T));
@@ -465,12 +468,13 @@ T Shuffle(T v, Src src) {
       [&](WarpExchange& ex, unsigned lane) {
         ex.in[lane][0] = words[0];
         ex.in[lane][1] = words[1];
+        ex.in[lane][2] = static_cast<uint32_t>(from & 31);
       },
-      [src](WarpExchange& ex) {
+      [](WarpExchange& ex) {
         for (int lane = 0; lane < 32; ++lane) {
-          const int from = src(lane) & 31;
-          ex.out[lane][0] = ex.in[from][0];
-          ex.out[lane][1] = ex.in[from][1];
+          const uint32_t src = ex.in[lane][2];
+          ex.out[lane][0] = ex.in[src][0];
+          ex.out[lane][1] = ex.in[src][1];
         }
       });
   const uint32_t* got = Exchanges()[threadIdx.x >> 5].out[threadIdx.x & 31];
@@ -509,12 +513,12 @@ unsigned MatchAny(T value) {
 template <typename T>
 T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
   mlag::emu::RequireFullMask(mask, "__shfl_xor_sync: only the full mask is emulated");
-  return mlag::emu::Shuffle(v, [lane_mask](int lane) { return lane ^ lane_mask; });
+  return mlag::emu::Shuffle(v, static_cast<int>(threadIdx.x & 31) ^ lane_mask);
 }
 template <typename T>
 T __shfl_sync(unsigned mask, T v, int src_lane) {
   mlag::emu::RequireFullMask(mask, "__shfl_sync: only the full mask is emulated");
-  return mlag::emu::Shuffle(v, [src_lane](int) { return src_lane; });
+  return mlag::emu::Shuffle(v, src_lane);
 }
 template <typename T>
 unsigned __match_any_sync(unsigned mask, T value) {
