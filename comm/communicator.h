@@ -66,6 +66,19 @@ class Communicator {
   // padded batch size of a step (no stream, no graph node).
   virtual absl::StatusOr<int64_t> AllReduceScalar(int64_t value, ReduceOp op) = 0;
 
+  // Makes the group's collectives fail with an Aborted error carrying
+  // `reason`, on every rank: those waiting now and all later ones. For a
+  // rank whose step failed after its peers entered a collective, so that
+  // the group fails together instead of waiting out a timeout (or forever).
+  //   local  every rank of the group wakes at once;
+  //   mpi    MPI cannot wake a blocked peer: MPI_Abort ends every process of
+  //          the job, after printing `reason`;
+  //   nccl   ncclCommAbort of this rank's communicator, whose later calls
+  //          fail; peers learn through their control communicator (a peer
+  //          already inside an NCCL kernel is not woken).
+  // Groups split from this one are separate: abort each one in use.
+  virtual void Abort(const absl::Status& reason) = 0;
+
   // Collective over this communicator: ranks passing the same color >= 0
   // form a new communicator, ordered by (key, old rank). A rank passing a
   // negative color gets nullptr (it joins no group). The new communicator

@@ -105,6 +105,27 @@ class LocalGroup {
 
   int size() const { return size_; }
   absl::Duration timeout() const { return timeout_; }
+
+  // Fails every waiting and later collective of the group with `reason`.
+  void Abort(const absl::Status& reason) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (abort_reason_.ok()) {
+        abort_reason_ = reason.ok() ? absl::UnknownError("aborted without a reason") : reason;
+      }
+      cv_.SignalAll();
+    }
+    for (auto& box : mailboxes_) {
+      absl::MutexLock lock(&box->mu);
+      box->cv.SignalAll();
+    }
+  }
+
+  // OkStatus, or the Aborted error a rank `rank` in collective `name` gets.
+  absl::Status Aborted(int rank, const char* name) {
+    absl::MutexLock lock(&mu_);
+    return AbortedLocked(rank, name);
+  }
   Mailbox& mailbox(int src, int dst) { return *mailboxes_[static_cast<size_t>(src) * size_ + dst]; }
 
   // Runs one collective of the two-barrier protocol: post `mine`, wait for
@@ -169,8 +190,17 @@ class LocalGroup {
   }
 
  private:
+  absl::Status AbortedLocked(int rank, const char* name) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (abort_reason_.ok()) return absl::OkStatus();
+    return absl::AbortedError(absl::StrCat("local ", name, " (rank ", rank, " of ", size_,
+                                           "): the group was aborted: ",
+                                           abort_reason_.message()));
+  }
+
   absl::Status CheckUsable(int rank, const char* name) {
     absl::MutexLock lock(&mu_);
+    MLAG_RETURN_IF_ERROR(AbortedLocked(rank, name));
     if (!broken_) return absl::OkStatus();
     return absl::FailedPreconditionError(absl::StrCat(
         "local ", name, " (rank ", rank, " of ", size_,
@@ -193,7 +223,13 @@ class LocalGroup {
     }
     const absl::Time deadline = absl::Now() + timeout_;
     while (generation_ == generation) {
-      if (cv_.WaitWithDeadline(&mu_, deadline) && generation_ == generation) {
+      if (!abort_reason_.ok()) {
+        --arrived_;
+        broken_ = true;
+        return AbortedLocked(rank, name);
+      }
+      if (cv_.WaitWithDeadline(&mu_, deadline) && generation_ == generation &&
+          abort_reason_.ok()) {
         const int waiting_for = size_ - arrived_;
         --arrived_;
         if (inside) broken_ = true;
@@ -229,6 +265,7 @@ class LocalGroup {
   int arrived_ = 0;         // guarded by mu_
   uint64_t generation_ = 0;  // guarded by mu_
   bool broken_ = false;     // guarded by mu_
+  absl::Status abort_reason_ ABSL_GUARDED_BY(mu_);  // not ok once aborted
 };
 
 namespace {
@@ -449,6 +486,11 @@ absl::Status LocalCommunicator::Send(Stream& stream, const Tensor& buffer, int p
     box.bytes = buffer.nbytes();
     box.cv.SignalAll();
     while (!box.taken) {
+      absl::Status aborted = group->Aborted(rank, "send");
+      if (!aborted.ok()) {
+        box.posted = false;  // withdraw: the buffer is the caller's again
+        return aborted;
+      }
       if (box.cv.WaitWithDeadline(&box.mu, deadline) && !box.taken) {
         box.posted = false;  // withdraw: the buffer is the caller's again
         return absl::DeadlineExceededError(absl::StrCat(
@@ -476,6 +518,7 @@ absl::Status LocalCommunicator::Recv(Stream& stream, const Tensor& buffer, int p
     absl::MutexLock lock(&box.mu);
     const absl::Time deadline = absl::Now() + group->timeout();
     while (!box.posted || box.taken) {
+      MLAG_RETURN_IF_ERROR(group->Aborted(rank, "recv"));
       if (box.cv.WaitWithDeadline(&box.mu, deadline) && (!box.posted || box.taken)) {
         return absl::DeadlineExceededError(absl::StrCat(
             "local recv (rank ", rank, " from rank ", peer, "): waited ",
@@ -526,5 +569,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> LocalCommunicator::Split(int color
   return std::unique_ptr<Communicator>(
       new LocalCommunicator(std::move(joined.first), joined.second));
 }
+
+void LocalCommunicator::Abort(const absl::Status& reason) { group_->Abort(reason); }
 
 }  // namespace mlag

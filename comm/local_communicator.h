@@ -14,7 +14,8 @@
 // timing. Ranks that launch different collectives (or different sizes) get
 // InvalidArgument on every rank; a rank that waits longer than the group's
 // timeout for its peers gets DeadlineExceeded naming the collective, instead
-// of hanging.
+// of hanging. Abort wakes every waiting rank of the group at once with an
+// Aborted error, and fails every later collective the same way.
 //
 // Send/Recv are a rendezvous: Send returns once the peer's Recv has copied
 // the data (like NCCL), so pair them without cycles (e.g. even ranks send
@@ -70,6 +71,7 @@ class LocalCommunicator final : public Communicator {
   absl::Status Barrier() override;
   absl::StatusOr<int64_t> AllReduceScalar(int64_t value, ReduceOp op) override;
   absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override;
+  void Abort(const absl::Status& reason) override;
 
  private:
   LocalCommunicator(std::shared_ptr<local_internal::LocalGroup> group, int rank);

@@ -1,5 +1,8 @@
 #include "comm/mpi_communicator.h"
 
+#include <cstdio>
+#include <string>
+
 // The C API only: the deprecated C++ bindings are not used and do not
 // compile cleanly with -Wextra.
 #define OMPI_SKIP_MPICXX 1
@@ -237,6 +240,14 @@ absl::StatusOr<int64_t> MpiCommunicator::AllReduceScalar(int64_t value, ReduceOp
   int64_t result = 0;
   MLAG_MPI_CALL(MPI_Allreduce, &value, &result, 1, MPI_INT64_T, MpiOp(op), handle_->comm);
   return result;
+}
+
+void MpiCommunicator::Abort(const absl::Status& reason) {
+  // Peers blocked in MPI calls cannot be woken: end the whole job.
+  std::fprintf(stderr, "mpi rank %d of %d: aborting the job: %s\n", rank_, size_,
+               std::string(reason.message()).c_str());
+  std::fflush(stderr);
+  MPI_Abort(handle_->comm, 1);
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Split(int color, int key) {

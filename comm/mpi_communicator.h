@@ -54,6 +54,7 @@ class MpiCommunicator final : public Communicator {
   absl::Status Barrier() override;
   absl::StatusOr<int64_t> AllReduceScalar(int64_t value, ReduceOp op) override;
   absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override;
+  void Abort(const absl::Status& reason) override;
 
  private:
   struct Handle;  // the MPI_Comm (kept out of this header, so it needs no mpi.h)

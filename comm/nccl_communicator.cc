@@ -76,7 +76,8 @@ ncclRedOp_t NcclOp(ReduceOp op) {
 }  // namespace
 
 struct NcclCommunicator::Handle {
-  ncclComm_t comm = nullptr;
+  ncclComm_t comm = nullptr;      // nullptr after Abort
+  absl::Status aborted;           // what every call returns after Abort
   int device = -1;
   cudaStream_t stream = nullptr;  // Barrier / AllReduceScalar
   int64_t* scalar = nullptr;      // one device element for them
@@ -177,6 +178,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::CreateOverMpi(Co
 }
 
 absl::Status NcclCommunicator::CheckStream(absl::string_view op, const Stream& stream) const {
+  MLAG_RETURN_IF_ERROR(handle_->aborted);
   if (!stream.is_cuda()) {
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": the nccl communicator needs a CUDA stream, got a host stream"));
@@ -276,6 +278,7 @@ absl::Status NcclCommunicator::Recv(Stream& stream, const Tensor& buffer, int pe
 }
 
 absl::Status NcclCommunicator::Barrier() {
+  MLAG_RETURN_IF_ERROR(handle_->aborted);
   // A one-element all-reduce every rank must join, then wait for it.
   ScopedDevice scoped;
   MLAG_RETURN_IF_ERROR(scoped.Enter(handle_->device));
@@ -286,6 +289,7 @@ absl::Status NcclCommunicator::Barrier() {
 }
 
 absl::StatusOr<int64_t> NcclCommunicator::AllReduceScalar(int64_t value, ReduceOp op) {
+  MLAG_RETURN_IF_ERROR(handle_->aborted);
   ScopedDevice scoped;
   MLAG_RETURN_IF_ERROR(scoped.Enter(handle_->device));
   int64_t result = 0;
@@ -299,7 +303,22 @@ absl::StatusOr<int64_t> NcclCommunicator::AllReduceScalar(int64_t value, ReduceO
   return result;
 }
 
+void NcclCommunicator::Abort(const absl::Status& reason) {
+  if (handle_->comm != nullptr) {
+    ScopedDevice scoped;
+    (void)scoped.Enter(handle_->device);
+    ncclCommAbort(handle_->comm);  // also ends this rank's kernels of the communicator
+    handle_->comm = nullptr;
+  }
+  if (handle_->aborted.ok()) {
+    handle_->aborted = absl::AbortedError(absl::StrCat("nccl rank ", rank_, " of ", size_,
+                                                       ": the communicator was aborted: ",
+                                                       reason.message()));
+  }
+}
+
 absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Split(int color, int key) {
+  MLAG_RETURN_IF_ERROR(handle_->aborted);
   ScopedDevice scoped;
   MLAG_RETURN_IF_ERROR(scoped.Enter(handle_->device));
   ncclComm_t comm = nullptr;

@@ -81,6 +81,7 @@ class NcclCommunicator final : public Communicator {
   absl::Status Barrier() override;
   absl::StatusOr<int64_t> AllReduceScalar(int64_t value, ReduceOp op) override;
   absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override;
+  void Abort(const absl::Status& reason) override;
 
  private:
   struct Handle;  // the ncclComm_t, its internal stream and scratch

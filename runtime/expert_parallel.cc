@@ -297,7 +297,6 @@ absl::StatusOr<ReconfigurationReport> EpRank::Reconfigure(int step, int new_size
 }
 
 absl::StatusOr<EpRunResult> EpRank::Run(const std::vector<RequestSpec>& requests) {
-  const int me = world_->rank();
   EpRunResult result;
   result.capture_seconds = engine_->runner().stats().capture_seconds;
   // Every rank validates every request, so a bad one fails all ranks alike
@@ -308,6 +307,27 @@ absl::StatusOr<EpRunResult> EpRank::Run(const std::vector<RequestSpec>& requests
       return absl::Status(valid.code(), absl::StrCat("request ", i, ": ", valid.message()));
     }
   }
+  absl::StatusOr<EpRunResult> driven = Drive(requests, std::move(result));
+  if (!driven.ok()) AbortGroups(driven.status());
+  return driven;
+}
+
+void EpRank::AbortGroups(const absl::Status& reason) {
+  // Peers aborted by another rank's failure pass its reason on unchanged.
+  const absl::Status why =
+      reason.code() == absl::StatusCode::kAborted
+          ? reason
+          : absl::Status(reason.code(),
+                         absl::StrCat("rank ", world_->rank(), ": ", reason.message()));
+  // The MPI world ends the process: abort the others first.
+  if (group_ != nullptr) group_->Abort(why);
+  if (control_ != nullptr && control_ != world_) control_->Abort(why);
+  world_->Abort(why);
+}
+
+absl::StatusOr<EpRunResult> EpRank::Drive(const std::vector<RequestSpec>& requests,
+                                          EpRunResult result) {
+  const int me = world_->rank();
   for (size_t i = 0; i < requests.size(); ++i) {
     if (static_cast<int>(i % active_) != me) continue;
     absl::StatusOr<RequestId> id = engine_->AddRequestWithId(requests[i], static_cast<RequestId>(i));
@@ -410,6 +430,13 @@ absl::StatusOr<EpRunResult> RunThreadedExpertParallel(
     });
   }
   for (std::thread& t : ranks) t.join();
+  // Report the rank that failed first: the others were aborted by it.
+  for (int r = 0; r < n; ++r) {
+    if (!results[r].ok() && results[r].status().code() != absl::StatusCode::kAborted) {
+      return absl::Status(results[r].status().code(),
+                          absl::StrCat("rank ", r, ": ", results[r].status().message()));
+    }
+  }
   for (int r = 0; r < n; ++r) {
     if (!results[r].ok()) {
       return absl::Status(results[r].status().code(),

@@ -88,7 +88,11 @@ class EpRank {
 
   // Runs `requests` (request i, with id i, on rank i % world) to completion
   // in lockstep with every other rank, applying the reconfigurations of the
-  // EpOptions. Every rank returns the same gathered result.
+  // EpOptions. Every rank returns the same gathered result. A failure after
+  // the requests are admitted (a step, a reconfiguration, the final
+  // exchange) aborts this rank's communicators (Communicator::Abort), so
+  // the peers fail at once with that reason instead of waiting in their
+  // next collective.
   absl::StatusOr<EpRunResult> Run(const std::vector<RequestSpec>& requests);
 
   // Reconfigures the active group to `new_size` ranks (collective over the
@@ -101,6 +105,11 @@ class EpRank {
 
  private:
   EpRank() = default;
+  // Run after validation: admits this rank's requests, steps to the end and
+  // gathers the results.
+  absl::StatusOr<EpRunResult> Drive(const std::vector<RequestSpec>& requests, EpRunResult result);
+  // Aborts the active group, the control and the world communicators.
+  void AbortGroups(const absl::Status& reason);
   // Every rank's `mine`, on every rank (control-plane exchange over host memory).
   absl::StatusOr<std::vector<std::vector<int64_t>>> ExchangeAll(const std::vector<int64_t>& mine);
 

@@ -13,7 +13,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "comm/local_communicator.h"
 #include "gmock/gmock.h"
@@ -295,6 +297,37 @@ TEST(LocalCommunicatorTest, MissingPeerGivesDeadlineExceededNamingTheOp) {
     comm_checks::CheckBarrier(c, log);
     comm_checks::CheckSendRecvRing(c, st, log);
   }));
+}
+
+// A rank that fails aborts the group: peers waiting in a collective (or a
+// Recv) wake at once with Aborted carrying its reason, well before the
+// group's 20 s timeout, and every later collective on any rank fails alike.
+TEST(LocalCommunicatorTest, AbortWakesWaitingRanksAtOnce) {
+  std::vector<std::unique_ptr<Communicator>> comms = Group(4);
+  const absl::Time start = absl::Now();
+  std::vector<CheckLog> logs = RunRanks(comms, [](Communicator& c, Stream& st, CheckLog& log) {
+    std::vector<float> x(8, 1.0f), all(32, 0.0f);
+    if (c.rank() == 0) {
+      absl::SleepFor(absl::Milliseconds(100));  // let the peers block first
+      c.Abort(absl::ResourceExhaustedError("rank 0 ran out of memory"));
+      return;
+    }
+    absl::Status s = c.rank() == 3 ? c.Recv(st, View(x), 0)
+                                   : c.AllGather(st, View(x), View(all));
+    log.Expect(s.code() == absl::StatusCode::kAborted, "the waiting rank is aborted");
+    log.Expect(absl::StrContains(s.message(), "rank 0 ran out of memory"),
+               "the abort carries its reason");
+    s = c.Barrier();
+    log.Expect(s.code() == absl::StatusCode::kAborted, "later collectives fail too");
+  });
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  for (size_t r = 1; r < logs.size(); ++r) {
+    EXPECT_TRUE(logs[r].failures.empty())
+        << "rank " << r << ":\n  " << absl::StrJoin(logs[r].failures, "\n  ");
+    EXPECT_EQ(logs[r].passed, 5) << "rank " << r;  // device, stream and three checks
+  }
+  absl::StatusOr<int64_t> after = comms[0]->AllReduceScalar(1, ReduceOp::kSum);
+  EXPECT_EQ(after.status().code(), absl::StatusCode::kAborted) << after.status();
 }
 
 TEST(LocalCommunicatorTest, SendRecvSizeMismatchFailsOnBothSides) {

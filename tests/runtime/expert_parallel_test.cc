@@ -1,11 +1,15 @@
 // Expert parallelism on the local backend (thread ranks): equivalence with
 // the single-rank engine, live reconfiguration 4 -> 2 -> 3 that leaves every
-// KV page alone, and expert weights after migration equal to a fresh load.
+// KV page alone, expert weights after migration equal to a fresh load, and a
+// rank failing mid-run failing the whole group at once.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <random>
 #include <thread>
 
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
 #include "comm/local_communicator.h"
 #include "gtest/gtest.h"
 #include "runtime/builtin_models.h"
@@ -226,6 +230,92 @@ TEST(ExpertParallelReconfigureTest, MigratedExpertsEqualAFreshLoad) {
   EXPECT_EQ((at + 2)->kind, OpKind::kComm);
   // The rank outside the group holds no graphs.
   EXPECT_EQ(ranks[3]->engine().runner().num_graphs(), 0);
+}
+
+// Forwards to a communicator of the local backend, except that the
+// `fail_at`-th AllGather this rank launches (counted over this communicator
+// and the groups split from it) fails, as a rank's step fails when, say, an
+// allocation does: its peers are then already waiting in that collective.
+class FailingCommunicator final : public Communicator {
+ public:
+  FailingCommunicator(std::unique_ptr<Communicator> inner, std::shared_ptr<std::atomic<int>> count,
+                      int fail_at)
+      : inner_(std::move(inner)), count_(std::move(count)), fail_at_(fail_at) {}
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  absl::string_view backend() const override { return inner_->backend(); }
+  absl::Status AllGather(Stream& stream, const Tensor& send, const Tensor& recv) override {
+    if (++*count_ == fail_at_) return absl::ResourceExhaustedError("injected allocation failure");
+    return inner_->AllGather(stream, send, recv);
+  }
+  absl::Status ReduceScatter(Stream& stream, const Tensor& send, const Tensor& recv) override {
+    return inner_->ReduceScatter(stream, send, recv);
+  }
+  absl::Status AllReduce(Stream& stream, const Tensor& send, const Tensor& recv,
+                         ReduceOp op) override {
+    return inner_->AllReduce(stream, send, recv, op);
+  }
+  absl::Status Broadcast(Stream& stream, const Tensor& buffer, int root) override {
+    return inner_->Broadcast(stream, buffer, root);
+  }
+  absl::Status Send(Stream& stream, const Tensor& buffer, int peer) override {
+    return inner_->Send(stream, buffer, peer);
+  }
+  absl::Status Recv(Stream& stream, const Tensor& buffer, int peer) override {
+    return inner_->Recv(stream, buffer, peer);
+  }
+  absl::Status Barrier() override { return inner_->Barrier(); }
+  absl::StatusOr<int64_t> AllReduceScalar(int64_t value, ReduceOp op) override {
+    return inner_->AllReduceScalar(value, op);
+  }
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override {
+    absl::StatusOr<std::unique_ptr<Communicator>> sub = inner_->Split(color, key);
+    if (!sub.ok() || *sub == nullptr) return sub;
+    return std::unique_ptr<Communicator>(
+        new FailingCommunicator(std::move(*sub), count_, fail_at_));
+  }
+  void Abort(const absl::Status& reason) override { inner_->Abort(reason); }
+
+ private:
+  std::unique_ptr<Communicator> inner_;
+  std::shared_ptr<std::atomic<int>> count_;
+  int fail_at_;
+};
+
+// Rank 1 fails in the middle of the run (eager steps, so every step calls
+// the communicator). Its peers were waiting in a collective with the
+// default 60 s timeout: the abort must end the whole run in a few seconds,
+// and the error must name the rank and the cause.
+TEST(ExpertParallelFailureTest, OneRankFailingMidRunFailsTheGroupAtOnce) {
+  EngineOptions options = Options("tiny-v3");
+  options.graph_mode = GraphMode::kNone;
+  const ModelConfig config = BuiltinModelConfig("tiny-v3").value();
+  const std::vector<RequestSpec> specs = Requests(8, config.vocab_size, 5, 0, 0);
+  EpOptions ep;
+  ep.world = 3;
+  std::vector<std::unique_ptr<Communicator>> locals = LocalCommunicator::CreateGroup(3);
+  std::vector<std::unique_ptr<Communicator>> owned;
+  std::vector<Communicator*> worlds;
+  for (int r = 0; r < 3; ++r) {
+    // Rank 1 launches 136 AllGathers in this run without the failure: its
+    // 68th fails, half-way.
+    owned.push_back(std::make_unique<FailingCommunicator>(
+        std::move(locals[r]), std::make_shared<std::atomic<int>>(0), r == 1 ? 68 : -1));
+    worlds.push_back(owned.back().get());
+  }
+  const absl::Time start = absl::Now();
+  absl::StatusOr<EpRunResult> result = RunThreadedExpertParallel(
+      options, ep, specs, worlds, {}, std::vector<std::string>(3, "host"));
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted) << result.status();
+  EXPECT_TRUE(absl::StrContains(result.status().message(), "rank 1"))
+      << result.status();
+  EXPECT_TRUE(absl::StrContains(result.status().message(), "injected allocation failure"))
+      << result.status();
+  EXPECT_LT(took, absl::Seconds(20)) << "the peers waited for the timeout instead";
+  std::printf("  %s after %s\n", result.status().ToString().c_str(), absl::FormatDuration(took).c_str());
 }
 
 }  // namespace
