@@ -227,9 +227,12 @@ absl::StatusOr<ReconfigurationReport> EpRank::Reconfigure(int step, int new_size
   MLAG_ASSIGN_OR_RETURN(report.prefix_hit_tokens_before,
                         control_->AllReduceScalar(engine_->kv_cache().hit_tokens(), ReduceOp::kSum));
   auto t0 = Clock::now();
+  // The pages whose contents matter (in use or prefix-cached); the same list
+  // is checked after the reconfiguration.
+  const std::vector<int> live = engine_->kv_cache().LiveBlocks();
   uint64_t before = 0;
   if (survivor) {
-    MLAG_ASSIGN_OR_RETURN(before, runner.KvChecksum({}));
+    MLAG_ASSIGN_OR_RETURN(before, runner.KvChecksum(live));
   }
   phase("checksum", t0);
 
@@ -285,7 +288,7 @@ absl::StatusOr<ReconfigurationReport> EpRank::Reconfigure(int step, int new_size
   t0 = Clock::now();
   int64_t unchanged = 1;
   if (survivor) {
-    MLAG_ASSIGN_OR_RETURN(uint64_t after, runner.KvChecksum({}));
+    MLAG_ASSIGN_OR_RETURN(uint64_t after, runner.KvChecksum(live));
     unchanged = after == before ? 1 : 0;
   }
   MLAG_ASSIGN_OR_RETURN(int64_t all_unchanged,

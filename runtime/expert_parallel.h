@@ -6,7 +6,8 @@
 // The largest world is launched once; the active group is a Split of it, so
 // scaling down and back up are both re-splits. A reconfiguration runs at a
 // step boundary, on every rank of the world:
-//   checksum      KV checksum of the whole pool on every surviving rank
+//   checksum      KV checksum of the live pages (in use or prefix-cached,
+//                 and the null block) on every surviving rank
 //   save_metadata save the static attention metadata, fill it with dummies
 //   split         world.Split: ranks [0, M) form the new group
 //   migrate       move routed experts to their new owners over the world
@@ -15,8 +16,9 @@
 //                 ranks, which recompute their KV and keep their tokens
 //   recapture     drop every graph, capture again with dummy runs (lockstep)
 //   restore       restore the saved metadata
-//   verify        checksum again: kv_pages_unchanged when every surviving
-//                 rank's pool is bit-for-bit what it was
+//   verify        checksum the same pages again: kv_pages_unchanged when
+//                 every surviving rank's live pages are bit-for-bit what
+//                 they were
 #pragma once
 
 #include <memory>

@@ -116,4 +116,12 @@ std::vector<int> KvCacheManager::BlocksInUse() const {
   return blocks;
 }
 
+std::vector<int> KvCacheManager::LiveBlocks() const {
+  std::vector<int> blocks = {0};
+  for (int b = 1; b < pool_.num_blocks(); ++b) {
+    if (pool_.ref_count(b) > 0 || pool_.is_cached(b)) blocks.push_back(b);
+  }
+  return blocks;
+}
+
 }  // namespace mlag

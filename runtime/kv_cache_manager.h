@@ -85,6 +85,10 @@ class KvCacheManager {
   double prefix_cache_hit_rate() const;
   // Sorted distinct blocks with a reference count above 0.
   std::vector<int> BlocksInUse() const;
+  // Sorted blocks whose contents matter: in use, or holding a cached prefix
+  // that a later request may reuse, plus the null block (0). The rest are
+  // free and hold nothing anyone will read.
+  std::vector<int> LiveBlocks() const;
 
   // The underlying pool, for inspection (tests, stats).
   const BlockPool& pool() const { return pool_; }

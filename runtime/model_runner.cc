@@ -434,15 +434,21 @@ absl::StatusOr<std::vector<uint64_t>> ModelRunner::BlockChecksums(
     if (block < 0 || block >= config_.num_blocks) {
       return absl::InvalidArgumentError(absl::StrCat("no KV block ", block));
     }
-    uint64_t h = Mix64(static_cast<uint64_t>(block) + 1);
+    // Four independent chains (words i, i+4, ...) so the mixing pipelines;
+    // any change of any word still changes the result.
+    uint64_t h[4];
+    for (int lane = 0; lane < 4; ++lane) {
+      h[lane] = Mix64(static_cast<uint64_t>(block) * 4 + static_cast<uint64_t>(lane) + 1);
+    }
     for (const Tensor& cache : kv_caches_) {
       const Tensor b = cache.Select(0, block);
-      words.resize((b.nbytes() + 7) / 8);
-      words.back() = 0;
+      words.assign((b.nbytes() + 31) / 32 * 4, 0);
       MLAG_RETURN_IF_ERROR(device_->CopyToHost(words.data(), b.data(), b.nbytes()));
-      for (uint64_t w : words) h = Mix64(h ^ w);
+      for (size_t i = 0; i < words.size(); i += 4) {
+        for (int lane = 0; lane < 4; ++lane) h[lane] = Mix64(h[lane] ^ words[i + lane]);
+      }
     }
-    out.push_back(h);
+    out.push_back(Mix64(h[0] ^ Mix64(h[1] ^ Mix64(h[2] ^ Mix64(h[3])))));
   }
   return out;
 }
