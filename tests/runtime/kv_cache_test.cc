@@ -258,6 +258,7 @@ TEST(KvCacheManagerTest, SharedPrefixReferenceCounts) {
   EXPECT_EQ(kv.pool().ref_count(1), 2);
   EXPECT_EQ(kv.pool().ref_count(2), 2);
   EXPECT_THAT(kv.BlocksInUse(), ElementsAre(1, 2, 3, 4, 5));
+  EXPECT_THAT(kv.LiveBlocks(), ElementsAre(0, 1, 2, 3, 4, 5));
 
   kv.Free(1);
   EXPECT_EQ(kv.pool().ref_count(1), 1);
@@ -269,6 +270,8 @@ TEST(KvCacheManagerTest, SharedPrefixReferenceCounts) {
   kv.Free(2);  // reverse order: 5, 4, 2, 1
   EXPECT_THAT(kv.pool().FreeQueueOrder(), ElementsAre(6, 7, 8, 9, 10, 11, 3, 5, 4, 2, 1));
   EXPECT_THAT(kv.BlocksInUse(), IsEmpty());
+  // Free but cached (1, 2, 4) stay live: a later prompt may reuse them.
+  EXPECT_THAT(kv.LiveBlocks(), ElementsAre(0, 1, 2, 4));
   EXPECT_EQ(kv.num_free_blocks(), 11);
   kv.Free(2);  // unknown: no-op
   kv.Free(12345);
