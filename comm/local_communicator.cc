@@ -174,8 +174,15 @@ class LocalGroup {
             std::make_shared<LocalGroup>(static_cast<int>(members.size()), timeout_);
       }
     }
-    // All ranks agree on `agree`, so all take the same barriers.
-    if (agree.ok()) MLAG_RETURN_IF_ERROR(Arrive(rank, name, /*inside=*/true));
+    // All ranks agree on `agree`, so all take the same barriers. The
+    // leader's reference to the new group is dropped on every way out.
+    if (agree.ok()) {
+      absl::Status arrived = Arrive(rank, name, /*inside=*/true);
+      if (!arrived.ok()) {
+        slots_[rank].new_group.reset();
+        return arrived;
+      }
+    }
     std::shared_ptr<LocalGroup> group;
     int new_rank = -1;
     if (agree.ok() && color >= 0) {
@@ -183,8 +190,9 @@ class LocalGroup {
       new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank) -
                                   members.begin());
     }
-    MLAG_RETURN_IF_ERROR(Arrive(rank, name, /*inside=*/true));
+    absl::Status arrived = Arrive(rank, name, /*inside=*/true);
     slots_[rank].new_group.reset();  // the leader's reference; peers hold their own now
+    MLAG_RETURN_IF_ERROR(arrived);
     if (!agree.ok()) return agree;
     return std::make_pair(std::move(group), new_rank);
   }
@@ -223,13 +231,16 @@ class LocalGroup {
     }
     const absl::Time deadline = absl::Now() + timeout_;
     while (generation_ == generation) {
-      if (!abort_reason_.ok()) {
+      // An abort ends the wait at the entry barrier only. Past it, every
+      // rank is between barriers, which never blocks, so the exit barrier
+      // completes; leaving it early would let this rank reuse a buffer a
+      // peer is still reading.
+      if (!inside && !abort_reason_.ok()) {
         --arrived_;
-        broken_ = true;
         return AbortedLocked(rank, name);
       }
       if (cv_.WaitWithDeadline(&mu_, deadline) && generation_ == generation &&
-          abort_reason_.ok()) {
+          (inside || abort_reason_.ok())) {
         const int waiting_for = size_ - arrived_;
         --arrived_;
         if (inside) broken_ = true;

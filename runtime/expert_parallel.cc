@@ -175,23 +175,34 @@ absl::StatusOr<std::unique_ptr<EpRank>> EpRank::Create(Communicator* world,
   MLAG_ASSIGN_OR_RETURN(rank->host_stream_, Stream::Create(rank->host_device_.get()));
   MLAG_ASSIGN_OR_RETURN(rank->group_, world->Split(0, world->rank()));
   rank->active_ = world->size();
+  // From here a failure on this rank (a model that does not load, an
+  // allocation) would leave the peers waiting in the engine's first
+  // collectives: abort the groups so they fail with it.
+  absl::Status built = rank->BuildEngine(options);
+  if (!built.ok()) {
+    rank->AbortGroups(built);
+    return built;
+  }
+  return rank;
+}
 
+absl::Status EpRank::BuildEngine(const EngineOptions& options) {
   // The model's expert count decides the placement; every rank reads the
   // same config.
   MLAG_ASSIGN_OR_RETURN(ModelSource probe, OpenModel(options.model));
   const int E = probe.config.n_routed_experts;
-  if (E < ep.world) {
+  if (E < ep_.world) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "expert parallelism over ", ep.world, " ranks needs at least that many routed experts; ",
+        "expert parallelism over ", ep_.world, " ranks needs at least that many routed experts; ",
         options.model, " has ", E));
   }
-  rank->placement_ = EvenPlacement(E, ep.world);
+  placement_ = EvenPlacement(E, ep_.world);
   EngineOptions o = options;
-  o.local_experts = rank->placement_.ExpertsOf(world->rank());
-  o.ep_group = rank->group_.get();
-  o.max_ep_ranks = ep.world;
-  MLAG_ASSIGN_OR_RETURN(rank->engine_, Engine::Create(o));
-  return rank;
+  o.local_experts = placement_.ExpertsOf(world_->rank());
+  o.ep_group = group_.get();
+  o.max_ep_ranks = ep_.world;
+  MLAG_ASSIGN_OR_RETURN(engine_, Engine::Create(o));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::vector<int64_t>>> EpRank::ExchangeAll(
@@ -241,8 +252,9 @@ absl::StatusOr<ReconfigurationReport> EpRank::Reconfigure(int step, int new_size
   phase("save_metadata", t0);
 
   t0 = Clock::now();
-  MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> new_group,
-                        world_->Split(in_new ? 0 : -1, me));
+  // Held where AbortGroups finds it: if this rank fails before the group is
+  // installed, peers already using it must be woken too.
+  MLAG_ASSIGN_OR_RETURN(pending_group_, world_->Split(in_new ? 0 : -1, me));
   phase("split", t0);
 
   t0 = Clock::now();
@@ -271,7 +283,7 @@ absl::StatusOr<ReconfigurationReport> EpRank::Reconfigure(int step, int new_size
   // From here on the rank's state is the new configuration's, whatever
   // happens: a failure leaves the rank outside any group (no dangling group
   // pointer) and is reported; the run cannot continue on it.
-  group_ = std::move(new_group);
+  group_ = std::move(pending_group_);
   active_ = new_size;
   absl::Status recaptured = engine_->SetExpertGroup(in_new ? group_.get() : nullptr);
   if (recaptured.ok() && in_new) recaptured = runner.CaptureGraphs();
@@ -323,6 +335,7 @@ void EpRank::AbortGroups(const absl::Status& reason) {
           : absl::Status(reason.code(),
                          absl::StrCat("rank ", world_->rank(), ": ", reason.message()));
   // The MPI world ends the process: abort the others first.
+  if (pending_group_ != nullptr) pending_group_->Abort(why);
   if (group_ != nullptr) group_->Abort(why);
   if (control_ != nullptr && control_ != world_) control_->Abort(why);
   world_->Abort(why);

@@ -107,6 +107,8 @@ class EpRank {
 
  private:
   EpRank() = default;
+  // Create's part after the group exists: placement and engine.
+  absl::Status BuildEngine(const EngineOptions& options);
   // Run after validation: admits this rank's requests, steps to the end and
   // gathers the results.
   absl::StatusOr<EpRunResult> Drive(const std::vector<RequestSpec>& requests, EpRunResult result);
@@ -118,6 +120,7 @@ class EpRank {
   Communicator* world_ = nullptr;
   Communicator* control_ = nullptr;
   std::unique_ptr<Communicator> group_;  // null while this rank is outside the group
+  std::unique_ptr<Communicator> pending_group_;  // the next group, during a reconfiguration
   EpOptions ep_;
   int active_ = 0;
   ExpertPlacement placement_;

@@ -667,9 +667,15 @@ cudaError_t LaunchDecodeAttend(const KernelParams& p, unsigned grid, int device,
   // shared memory (227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86/89:
   // there DeepSeek's 576-wide rows do not fit and only the f32 kernel's
   // limits apply).
+  // The kernel's code must be built for sm_80 or newer too: a build whose
+  // only target is older JIT-compiles PTX without mma.sync (the kernel traps).
+  cudaFuncAttributes built{};
+  err = cudaFuncGetAttributes(&built, MlaDecodeMmaKernel<true>);
+  if (err != cudaSuccess) return err;
   const size_t smem = MmaSmemBytes(static_cast<int>(p.a.rkv + p.a.dr));
   const bool mma_usable = MlaDecodeMmaSupported(p.a.rkv, p.a.dr, p.a.cache_dtype) &&
-                          p.vec_loads && major >= 8 &&
+                          p.vec_loads && major >= 8 && built.binaryVersion >= 80 &&
+                          built.ptxVersion >= 80 &&
                           smem + sizeof(BlockItem) <= static_cast<size_t>(smem_limit);
   int kind = p.a.decode_kernel;
   if (kind == kMlaDecodeAuto) kind = mma_usable ? kMlaDecodeMma : kMlaDecodeF32;

@@ -28,16 +28,19 @@ __device__ __forceinline__ void CpAsync16(void* smem_dst, const void* gmem_src, 
                : "memory");
 #endif
 }
-// (The emulation copies at once, so committing and waiting are no-ops.)
 __device__ __forceinline__ void CpAsyncCommit() {
-#if !defined(MLAG_CUDA_EMULATION)
+#if defined(MLAG_CUDA_EMULATION)
+  ::mlag::emu::CpAsyncCommit();
+#else
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 #endif
 }
 // Waits until at most N of this thread's committed groups are in flight.
 template <int N>
 __device__ __forceinline__ void CpAsyncWait() {
-#if !defined(MLAG_CUDA_EMULATION)
+#if defined(MLAG_CUDA_EMULATION)
+  ::mlag::emu::CpAsyncWait(N);
+#else
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }

@@ -7,6 +7,7 @@
 
 #include "kernels/host/blas.h"
 #include "kernels/host/parallel.h"
+#include "kernels/host/small_gemm.h"
 
 namespace mlag::host {
 namespace {
@@ -14,7 +15,8 @@ namespace {
 // Output columns per parallel work item of Linear: a multiple of the sgemm
 // micro-kernel width, large enough that each item streams a good slab of W.
 constexpr int64_t kLinearColumnChunk = 64;
-// Up to this many rows, Linear and HeadMatmul use matrix-vector products.
+// Up to this many rows, HeadMatmul uses matrix-vector products (Linear:
+// one row; then SmallRowsGemmNT up to kSmallGemmMaxRows).
 constexpr int64_t kSmallRowsGemv = 2;
 // Below this many multiply-adds a Linear runs on one thread.
 constexpr double kLinearSerialWork = 1 << 16;
@@ -47,14 +49,16 @@ void Linear(const Tensor& x, const Tensor& weight, const Tensor& y) {
   // Columns [c0, c0 + n) of y from rows [c0, c0 + n) of W.
   auto columns = [&](int64_t c0, int64_t n) {
     const float* w_rows = w + c0 * in;
-    if (rows <= kSmallRowsGemv) {
-      // A few rows: matrix-vector products stream W once each (sgemm would
-      // first pack all of W, tripling the memory traffic of a decode step).
-      for (int64_t r = 0; r < rows; ++r) {
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, BlasInt(n), BlasInt(in), 1.0f, w_rows,
-                    BlasInt(in), x_data + r * x.stride(0), 1, 0.0f,
-                    y_data + r * y.stride(0) + c0, 1);
-      }
+    if (rows == 1) {
+      // One row: a matrix-vector product streams W once (sgemm would first
+      // pack all of W, tripling the memory traffic of a decode step).
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, BlasInt(n), BlasInt(in), 1.0f, w_rows, BlasInt(in),
+                  x_data, 1, 0.0f, y_data + c0, 1);
+      return;
+    }
+    if (rows <= kSmallGemmMaxRows) {
+      // A decode batch: stream W once for all rows (small_gemm.h).
+      SmallRowsGemmNT(rows, n, in, x_data, x.stride(0), w_rows, in, y_data + c0, y.stride(0));
       return;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, BlasInt(rows), BlasInt(n), BlasInt(in),

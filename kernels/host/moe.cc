@@ -11,13 +11,13 @@
 #include "kernels/common/routing_math.h"
 #include "kernels/host/blas.h"
 #include "kernels/host/parallel.h"
+#include "kernels/host/small_gemm.h"
 
 namespace mlag::host {
 namespace {
 
 constexpr int64_t kRouteChunk = 16;  // tokens per parallel routing work item
 // Experts with at most this many rows use matrix-vector products.
-constexpr int64_t kSmallRowsGemv = 2;
 
 // row[i] = silu(row[i]) * row[I + i] for i < I: the gate half becomes the
 // activation, in place.
@@ -181,17 +181,22 @@ void MoeExperts(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weig
     if (I == 0 || D == 0) return;  // f_e == 0; y stays zero
     const float* w_gu = wgu + s * 2 * I * D;
     const float* w_dn = wd + s * D * I;
-    if (n <= kSmallRowsGemv) {
-      // A few rows: matrix-vector products stream the weights once each
-      // (sgemm would first pack the whole weight matrix).
-      for (int64_t r = 0; r < n; ++r) {
-        float* hr = hs + r * 2 * I;
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(2 * I), static_cast<int>(D),
-                    1.0f, w_gu, static_cast<int>(D), xs + r * D, 1, 0.0f, hr, 1);
-        SiluMulInPlace(hr, I);
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(D), static_cast<int>(I), 1.0f,
-                    w_dn, static_cast<int>(I), hr, 1, 0.0f, ys + r * D, 1);
-      }
+    if (n == 1) {
+      // One row: matrix-vector products stream the weights once (sgemm
+      // would first pack the whole weight matrix).
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(2 * I), static_cast<int>(D), 1.0f,
+                  w_gu, static_cast<int>(D), xs, 1, 0.0f, hs, 1);
+      SiluMulInPlace(hs, I);
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(D), static_cast<int>(I), 1.0f,
+                  w_dn, static_cast<int>(I), hs, 1, 0.0f, ys, 1);
+      return;
+    }
+    if (n <= kSmallGemmMaxRows) {
+      // The few tokens of a decode batch routed here: stream the expert's
+      // weights once for all of them (small_gemm.h), as above.
+      SmallRowsGemmNT(n, 2 * I, D, xs, D, w_gu, D, hs, 2 * I);
+      for (int64_t r = 0; r < n; ++r) SiluMulInPlace(hs + r * 2 * I, I);
+      SmallRowsGemmNT(n, D, I, hs, 2 * I, w_dn, I, ys, D);
       return;
     }
     // [n, 2I] = X_s [n, D] * W_gu[s]^T, W_gu[s] being [2I, D] row-major.

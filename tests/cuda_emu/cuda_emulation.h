@@ -12,15 +12,20 @@
 //     may produce; a barrier that not every live thread of the block (or
 //     every lane of the warp) reaches is reported as a deadlock.
 //   * __shared__ variables are function-local statics (shared by the block's
-//     fibers); dynamic shared memory is one buffer per launch, filled with
-//     NaN bytes (0xff) before each block so that reading unwritten shared
-//     memory shows up in the results.
+//     fibers) and dynamic shared memory is one buffer per launch ending at
+//     an inaccessible guard page; both are filled with 0xff bytes before
+//     each block, so that reading unwritten shared memory shows up in the
+//     results and running past the dynamic size faults.
 //   * mma.sync.m16n8k16 (bf16 inputs, f32 accumulate), ldmatrix .x4 .trans
 //     and __shfl_xor_sync follow the PTX ISA's fragment and lane mappings,
 //     written out independently below; the products are exact and summed in
 //     double, then rounded once to f32.
-//   * cp.async copies at once (commit and wait are no-ops): a copy issued
-//     into a ring slot still being read corrupts the results.
+//   * cp.async fills its destination with 0xff bytes at issue and copies
+//     when cp.async.wait_group retires its group (the latest moment a GPU
+//     may deliver it), so reading a slot before waiting for it, or issuing
+//     into a slot still being read, shows up in the results; both addresses
+//     must be 16-byte aligned.
+//   * Warp collectives check that all 32 lanes called the same one.
 //   * cub::BlockScan / cub::BlockReduce keep CUB's contract: results of a
 //     reduction exist in thread 0 only (the others get a poison value), and
 //     the temporary storage may not be reused without a barrier.
@@ -38,6 +43,7 @@
 #endif
 
 #include <math.h>
+#include <sys/mman.h>
 #include <ucontext.h>
 
 #include <cstddef>
@@ -59,7 +65,12 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __shared__ static
+// Static shared memory: function-local statics (one copy, shared by the
+// block's fibers) in a section of their own, filled with 0xff before every
+// block, so a read before any write this block shows up as NaN / garbage.
+#define __shared__ static __attribute__((section("mlag_emu_shared")))
+extern "C" char __start_mlag_emu_shared[] __attribute__((weak));
+extern "C" char __stop_mlag_emu_shared[] __attribute__((weak));
 
 // ---- Runtime API types ---------------------------------------------------------
 
@@ -156,11 +167,20 @@ namespace mlag::emu {
   std::abort();
 }
 
+// One cp.async copy, delivered when its group is waited for.
+struct PendingCopy {
+  void* dst;
+  const void* src;
+  int bytes;  // 0: zeros
+};
+
 struct Fiber {
   ucontext_t context;
   std::unique_ptr<char[]> stack;  // uninitialised: pages are touched as used
   unsigned tid = 0;
   bool done = false;
+  std::vector<PendingCopy> open_group;                 // issued, not committed
+  std::deque<std::vector<PendingCopy>> committed;      // oldest first
 };
 
 // One block in flight: its fibers, the run queue and the barriers.
@@ -178,7 +198,8 @@ struct BlockState {
     int arrived = 0;
   };
   std::vector<Warp> warps;
-  std::vector<unsigned char> dynamic_smem;
+  unsigned char* dynamic_smem = nullptr;  // ends at the guard page
+  size_t dynamic_bytes = 0;
   std::function<void()> body;
 };
 
@@ -187,7 +208,7 @@ inline BlockState*& Block() {
   return block;
 }
 
-inline unsigned char* DynamicSmem() { return Block()->dynamic_smem.data(); }
+inline unsigned char* DynamicSmem() { return Block()->dynamic_smem; }
 
 // Gives the CPU back to the scheduler; the fiber resumes when it is
 // runnable again.
@@ -228,6 +249,7 @@ namespace mlag::emu {
 // Per-warp exchange buffers of the collectives: what each lane gave and
 // what each lane receives.
 struct WarpExchange {
+  const char* op[32];
   uint32_t in[32][8];
   const void* ptr[32];
   uint32_t out[32][4];
@@ -244,14 +266,22 @@ inline std::vector<WarpExchange>& Exchanges() {
 // deposited (it runs as whichever lane came last). Requires all 32 lanes of
 // the warp live.
 template <typename Deposit, typename Compute>
-void WarpCollective(Deposit deposit, Compute compute) {
+void WarpCollective(const char* op, Deposit deposit, Compute compute) {
   BlockState& b = *Block();
   const unsigned lane = threadIdx.x & 31;
   const unsigned warp = threadIdx.x >> 5;
   WarpExchange& ex = Exchanges()[warp];
   BlockState::Warp& w = b.warps[warp];
+  ex.op[lane] = op;
   deposit(ex, lane);
   if (++w.arrived == 32) {
+    for (int l = 0; l < 32; ++l) {
+      if (std::strcmp(ex.op[l], op) != 0) {
+        std::fprintf(stderr, "cuda emulation: warp %u: lane %d is in %s, lane %u in %s\n", warp,
+                     l, ex.op[l], lane, op);
+        Fail("the lanes of a warp reached different warp collectives");
+      }
+    }
     compute(ex);
     w.arrived = 0;
     for (int f : w.waiters) b.runnable.push_back(f);
@@ -292,7 +322,17 @@ inline void Launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function
   for (Fiber& f : b.fibers) f.stack.reset(new char[kStack]);
   b.warps.resize(threads / 32);
   Exchanges().assign(threads / 32, WarpExchange{});
-  b.dynamic_smem.resize(smem_bytes + 16);
+  // Dynamic shared memory (rounded up to 16 bytes) ends where an
+  // inaccessible page begins.
+  const size_t page = 4096;
+  const size_t dyn = (smem_bytes + 15) / 16 * 16;
+  const size_t mapped = (dyn + page - 1) / page * page + page;
+  void* region = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (region == MAP_FAILED) Fail("mmap of the dynamic shared memory");
+  unsigned char* guard = static_cast<unsigned char*>(region) + mapped - page;
+  if (mprotect(guard, page, PROT_NONE) != 0) Fail("mprotect of the guard page");
+  b.dynamic_smem = guard - dyn;
+  b.dynamic_bytes = dyn;
   Block() = &b;
   blockDim = dim3(threads);
   gridDim = grid;
@@ -300,7 +340,11 @@ inline void Launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function
     for (unsigned by = 0; by < grid.y; ++by) {
       for (unsigned bx = 0; bx < grid.x; ++bx) {
         blockIdx = dim3(bx, by, bz);
-        std::memset(b.dynamic_smem.data(), 0xff, b.dynamic_smem.size());
+        std::memset(b.dynamic_smem, 0xff, b.dynamic_bytes);
+        if (__start_mlag_emu_shared != nullptr) {
+          std::memset(__start_mlag_emu_shared, 0xff,
+                      static_cast<size_t>(__stop_mlag_emu_shared - __start_mlag_emu_shared));
+        }
         b.live = static_cast<int>(threads);
         b.runnable.clear();
         b.block_waiters.clear();
@@ -312,6 +356,8 @@ inline void Launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function
           f.context.uc_stack.ss_sp = f.stack.get();
           f.context.uc_stack.ss_size = kStack;
           f.context.uc_link = &b.scheduler;
+          f.open_group.clear();
+          f.committed.clear();
           makecontext(&f.context, FiberEntry, 0);
           b.runnable.push_back(static_cast<int>(t));
         }
@@ -335,6 +381,7 @@ inline void Launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function
       }
     }
   }
+  munmap(region, mapped);
   Block() = nullptr;
 }
 
@@ -347,6 +394,7 @@ auto Launcher(Kernel* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t) 
     auto it = SmemAttributes().find(reinterpret_cast<const void*>(kernel));
     const int limit = it != SmemAttributes().end() ? it->second : kSmemDefault;
     if (block.x == 0 || block.x > 1024 || block.y != 1 || block.z != 1 || grid.x == 0 ||
+        grid.x > 0x7fffffffu ||
         grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 ||
         smem > static_cast<size_t>(limit)) {
       LastError() = cudaErrorInvalidConfiguration;
@@ -358,9 +406,39 @@ auto Launcher(Kernel* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t) 
 
 // ---- Memory and warp-level instructions -------------------------------------
 
+inline Fiber& CurrentFiber() {
+  BlockState& b = *Block();
+  return b.fibers[static_cast<size_t>(b.current)];
+}
+
+// cp.async.cg.shared.global: 16 bytes, src_bytes of them read (the rest
+// zero), delivered by a later CpAsyncWait.
 inline void CpAsync16(void* smem_dst, const void* gmem_src, int src_bytes) {
-  std::memset(smem_dst, 0, 16);
-  if (src_bytes > 0) std::memcpy(smem_dst, gmem_src, static_cast<size_t>(src_bytes));
+  if ((reinterpret_cast<uintptr_t>(smem_dst) & 15) != 0 ||
+      (src_bytes > 0 && (reinterpret_cast<uintptr_t>(gmem_src) & 15) != 0)) {
+    Fail("cp.async with an address that is not 16-byte aligned");
+  }
+  if (src_bytes < 0 || src_bytes > 16) Fail("cp.async source size outside [0, 16]");
+  std::memset(smem_dst, 0xff, 16);
+  CurrentFiber().open_group.push_back({smem_dst, gmem_src, src_bytes});
+}
+
+inline void CpAsyncCommit() {
+  Fiber& f = CurrentFiber();
+  f.committed.push_back(std::move(f.open_group));
+  f.open_group.clear();
+}
+
+// cp.async.wait_group n: delivers every committed group but the newest n.
+inline void CpAsyncWait(int n) {
+  Fiber& f = CurrentFiber();
+  while (static_cast<int>(f.committed.size()) > n) {
+    for (const PendingCopy& c : f.committed.front()) {
+      std::memset(c.dst, 0, 16);
+      if (c.bytes > 0) std::memcpy(c.dst, c.src, static_cast<size_t>(c.bytes));
+    }
+    f.committed.pop_front();
+  }
 }
 
 inline float Bf16Lo(uint32_t w) { return __uint_as_float(w << 16); }
@@ -379,7 +457,7 @@ inline float Bf16Half(uint32_t w, int half) { return half == 0 ? Bf16Lo(w) : Bf1
 //   C, D (16 x 8 f32): c0,c1: (groupID, 2 tig + {0,1}); c2,c3: (groupID + 8, ...)
 inline void MmaM16N8K16Bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   float c_in[4] = {d[0], d[1], d[2], d[3]};
-  WarpCollective(
+  WarpCollective("mma.sync",
       [&](WarpExchange& ex, unsigned lane) {
         for (int r = 0; r < 4; ++r) ex.in[lane][r] = a[r];
         ex.in[lane][4] = b0;
@@ -428,7 +506,7 @@ inline void MmaM16N8K16Bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, 
 // register m of lane (groupID, tig) receives elements (row 2 tig, col
 // groupID) and (row 2 tig + 1, col groupID) of matrix m, low half first.
 inline void LdMatrixX4Trans(uint32_t (&r)[4], const uint16_t* row) {
-  WarpCollective(
+  WarpCollective("ldmatrix",
       [&](WarpExchange& ex, unsigned lane) {
         if ((reinterpret_cast<uintptr_t>(row) & 15) != 0) Fail("ldmatrix row address not 16-byte aligned");
         ex.ptr[lane] = row;
@@ -464,7 +542,7 @@ T Shuffle(T v, int from) {
   static_assert(std::is_trivially_copyable<T>::value && sizeof(T) <= 8, "shuffled type");
   uint32_t words[2] = {0, 0};
   std::memcpy(words, &v, sizeof(T));
-  WarpCollective(
+  WarpCollective("shfl",
       [&](WarpExchange& ex, unsigned lane) {
         ex.in[lane][0] = words[0];
         ex.in[lane][1] = words[1];
@@ -489,7 +567,7 @@ unsigned MatchAny(T value) {
   static_assert(sizeof(T) <= 8, "matched type");
   uint64_t bits = 0;
   std::memcpy(&bits, &value, sizeof(T));
-  WarpCollective(
+  WarpCollective("match",
       [&](WarpExchange& ex, unsigned lane) {
         ex.in[lane][0] = static_cast<uint32_t>(bits);
         ex.in[lane][1] = static_cast<uint32_t>(bits >> 32);
@@ -513,7 +591,10 @@ unsigned MatchAny(T value) {
 template <typename T>
 T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
   mlag::emu::RequireFullMask(mask, "__shfl_xor_sync: only the full mask is emulated");
-  return mlag::emu::Shuffle(v, static_cast<int>(threadIdx.x & 31) ^ lane_mask);
+  // A source lane outside the warp gives the lane its own value.
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int from = lane ^ lane_mask;
+  return mlag::emu::Shuffle(v, from >= 0 && from < 32 ? from : lane);
 }
 template <typename T>
 T __shfl_sync(unsigned mask, T v, int src_lane) {
@@ -534,7 +615,7 @@ unsigned __match_all_sync(unsigned mask, T value, int* pred) {
 }
 inline void __syncwarp(unsigned mask = 0xffffffffu) {
   mlag::emu::RequireFullMask(mask, "__syncwarp: only the full mask is emulated");
-  mlag::emu::WarpCollective([](mlag::emu::WarpExchange&, unsigned) {},
+  mlag::emu::WarpCollective("syncwarp", [](mlag::emu::WarpExchange&, unsigned) {},
                             [](mlag::emu::WarpExchange&) {});
 }
 
@@ -653,6 +734,17 @@ cudaError_t cudaFuncSetAttribute(Kernel* kernel, cudaFuncAttribute attr, int val
     return cudaErrorInvalidValue;
   }
   mlag::emu::SmemAttributes()[reinterpret_cast<const void*>(kernel)] = value;
+  return cudaSuccess;
+}
+struct cudaFuncAttributes {
+  int binaryVersion = 0;
+  int ptxVersion = 0;
+};
+// Every emulated kernel counts as built for the emulated device (9.0).
+template <typename Kernel>
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, Kernel*) {
+  attr->binaryVersion = 90;
+  attr->ptxVersion = 90;
   return cudaSuccess;
 }
 inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) {

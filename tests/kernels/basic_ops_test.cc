@@ -18,6 +18,7 @@
 // spec prescribes leaves most elements off by up to half an ulp and fails.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <limits>
 #include <map>
@@ -27,6 +28,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kernels/host/small_gemm.h"
 #include "kernels/activation.h"
 #include "kernels/embedding.h"
 #include "kernels/linear.h"
@@ -476,7 +478,8 @@ TEST(LinearTest, MatchesReference) {
     int64_t in, out;
   };
   int i = 0;
-  for (int64_t rows : {1, 3, 17}) {
+  // 1 row: sgemv; 2-24: the small-rows kernel; above: sgemm.
+  for (int64_t rows : {1, 2, 7, 17, 24, 25, 40}) {
     for (Dims d : {Dims{7, 5}, Dims{64, 33}, Dims{129, 70}}) {
       // x and y as column slices of wider buffers in most cases.
       const int64_t x_pad = (i % 3 == 0) ? 0 : 2 + i % 3;
@@ -508,8 +511,47 @@ TEST(LinearTest, MatchesReference) {
         EXPECT_EQ(CountNaN(y.buf), 0) << what;
       }
       const double err = RelError(y.t, want);
-      Record(rows == 1 ? "linear (T=1, sgemv)" : "linear (T>1, sgemm)", err);
+      Record(rows == 1 ? "linear (T=1, sgemv)"
+                       : rows <= 24 ? "linear (2<=T<=24, small rows)" : "linear (T>24, sgemm)",
+             err);
       EXPECT_LE(err, kF32Tol) << what;
+    }
+  }
+}
+
+// The small-rows kernel directly, on every row count it takes and widths
+// around the vector lengths (16, 8, 4 lanes; partial groups of w rows), with
+// strided x and y: against a double-precision product, and each row's result
+// independent of the other rows present (computed alone, it is the same bits).
+TEST(SmallRowsGemmTest, MatchesReferenceAndIsIndependentOfTheBatch) {
+  SCOPED_TRACE(host::SmallGemmIsa());
+  for (int64_t k : {1, 5, 16, 31, 64, 100}) {
+    for (int64_t n : {1, 3, 4, 9, 37}) {
+      for (int64_t rows = 1; rows <= host::kSmallGemmMaxRows; rows += (rows < 8 ? 1 : 5)) {
+        const int64_t ldx = k + 3, ldy = n + 2;
+        const std::vector<float> x = testing::RandomFloats(static_cast<size_t>(rows * ldx), NextSeed());
+        const std::vector<float> w = testing::RandomFloats(static_cast<size_t>(n * k), NextSeed());
+        std::vector<float> y(static_cast<size_t>(rows * ldy), -7.0f);
+        host::SmallRowsGemmNT(rows, n, k, x.data(), ldx, w.data(), k, y.data(), ldy);
+        double err = 0.0, ref = 0.0;
+        for (int64_t m = 0; m < rows; ++m) {
+          for (int64_t j = 0; j < n; ++j) {
+            double acc = 0.0;
+            for (int64_t p = 0; p < k; ++p) acc += static_cast<double>(x[m * ldx + p]) * w[j * k + p];
+            err = std::max(err, std::abs(acc - y[m * ldy + j]));
+            ref = std::max(ref, std::abs(acc));
+          }
+          EXPECT_EQ(y[m * ldy + n], -7.0f) << "wrote past the row";
+        }
+        EXPECT_LE(err / std::max(ref, 1e-30), kF32Tol) << rows << " x " << n << " x " << k;
+        Record("small-rows gemm", err / std::max(ref, 1e-30));
+        // The last row alone gives the same bits as inside the batch.
+        std::vector<float> alone(static_cast<size_t>(n));
+        host::SmallRowsGemmNT(1, n, k, x.data() + (rows - 1) * ldx, ldx, w.data(), k,
+                              alone.data(), n);
+        EXPECT_EQ(std::memcmp(alone.data(), y.data() + (rows - 1) * ldy, n * sizeof(float)), 0)
+            << rows << " x " << n << " x " << k;
+      }
     }
   }
 }
