@@ -1,5 +1,7 @@
 #include "kernels/elementwise.h"
 
+#include <utility>
+
 #include "kernels/check.h"
 #include "kernels/host/elementwise.h"
 #include "mlag_config.h"
@@ -108,6 +110,22 @@ absl::Status Copy(Stream& stream, const Tensor& src, const Tensor& dst) {
   }
   MLAG_RETURN_IF_ERROR(CheckRowMajor(src, "src"));
   MLAG_RETURN_IF_ERROR(CheckRowMajor(dst, "dst"));
+  // Overlap is refused on both backends: cudaMemcpy's result is undefined
+  // for it, and the host must not accept what CUDA cannot do. The byte
+  // ranges [first element, last element] are compared, so interleaved
+  // strided views count as overlapping too.
+  if (src.numel() > 0) {
+    const auto span = [](const Tensor& t) {
+      const char* first = static_cast<const char*>(t.data());
+      int64_t last = 0;
+      for (int i = 0; i < t.ndim(); ++i) last += (t.size(i) - 1) * t.stride(i);
+      return std::make_pair(first, first + (last + 1) * static_cast<int64_t>(DTypeSize(t.dtype())));
+    };
+    const auto a = span(src), b = span(dst);
+    if (a.first < b.second && b.first < a.second) {
+      return absl::InvalidArgumentError("copy: src and dst overlap");
+    }
+  }
   // Views with more than 2 dims are contiguous here: copy them flat.
   Tensor s = src.ndim() > 2 ? Tensor(src.data(), src.dtype(), {src.numel()}, src.device()) : src;
   Tensor d = dst.ndim() > 2 ? Tensor(dst.data(), dst.dtype(), {dst.numel()}, dst.device()) : dst;

@@ -22,7 +22,8 @@ absl::Status Add(Stream& stream, const Tensor& a, const Tensor& b, const Tensor&
 
 // dst = src, same dtype and shape. Both row-major (last dim unit-stride) with
 // up to 2 dims, rows of any stride: used to copy real rows into static graph
-// input buffers. A launch of kind copy.
+// input buffers. src and dst may not overlap (InvalidArgument). A launch of
+// kind copy.
 absl::Status Copy(Stream& stream, const Tensor& src, const Tensor& dst);
 
 }  // namespace mlag

@@ -27,10 +27,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/host/small_gemm.h"
 #include "kernels/activation.h"
+#include "kernels/elementwise.h"
 #include "kernels/embedding.h"
+#include "kernels/host/small_gemm.h"
 #include "kernels/linear.h"
 #include "kernels/rms_norm.h"
 #include "runtime/core/status.h"
@@ -388,6 +390,40 @@ TEST(RmsNormTest, MatchesReference) {
                          c.w_dtype == DType::kF32;
     ExpectClose("rms_norm", all_f32, y->t, want, what);
   }
+}
+
+// Copy: rows of strided views bit for bit, the bytes between rows left
+// alone; overlapping views and mismatched dtypes refused.
+TEST(CopyTest, CopiesRowsAndRefusesOverlap) {
+  Owned src = Make(DType::kBF16, {5, 9});
+  FillRandom(src, NextSeed());
+  Owned dst = Make(DType::kBF16, {5, 12});
+  PoisonNaN(dst);
+  const Tensor s = src.t.Slice(1, 2, 9);  // [5, 7], row stride 9
+  const Tensor d = dst.t.Slice(1, 3, 10);  // [5, 7], row stride 12
+  ASSERT_TRUE(Copy(HostStream(), s, d).ok());
+  for (int64_t r = 0; r < 5; ++r) {
+    for (int64_t c = 0; c < 12; ++c) {
+      const float got = dst.get(r * 12 + c);
+      if (c >= 3 && c < 10) {
+        EXPECT_EQ(got, src.get(r * 9 + c - 1)) << r << " " << c;
+      } else {
+        EXPECT_TRUE(std::isnan(got)) << r << " " << c << ": written outside the view";
+      }
+    }
+  }
+  // Overlap: the same buffer shifted by one row, and one element.
+  Owned buf = Make(DType::kF32, {6, 4});
+  absl::Status st = Copy(HostStream(), buf.t.Slice(0, 0, 5), buf.t.Slice(0, 1, 6));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("overlap"));
+  st = Copy(HostStream(), buf.t.Slice(1, 0, 3), buf.t.Slice(1, 1, 4));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  // Disjoint halves of one buffer are fine.
+  EXPECT_TRUE(Copy(HostStream(), buf.t.Slice(0, 0, 3), buf.t.Slice(0, 3, 6)).ok());
+  Owned other = Make(DType::kF32, {5, 7});
+  st = Copy(HostStream(), s, other.t);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
 }
 
 TEST(AddRmsNormTest, MatchesReference) {
