@@ -30,12 +30,15 @@
 // one sequence (vector = (row, head), each with its own causal limit) and
 // the cache prefix up to its last row; no split. Rows that belong to no
 // sequence are cleared by a separate kernel.
+//
+// Decode with a bf16 cache runs, by default, the tensor-core kernel of
+// kernels/cuda/mla_decode_mma.cuh over the same items, plan, workspace and
+// combine (LaunchDecodeAttend chooses; MlaDecodeKernelCode).
 #include "kernels/cuda/mla_attention.cuh"
 
 #include <math.h>
 
 #include <cstdint>
-
 
 #include "kernels/common/softmax_math.h"
 #include "kernels/cuda/mla_attention_block.cuh"

@@ -1,4 +1,4 @@
 // kernels/cuda/moe.cu, kernels and launchers, compiled as C++ for the CPU
-// emulation (tests/cuda_emu/cuda_emulation.h).
+// emulation (kernels/cuda/emulation/cuda_emulation.h).
 #define MLAG_CUDA_EMULATION 1
 #include "kernels/cuda/moe.cu"

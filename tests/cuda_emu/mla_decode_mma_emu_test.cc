@@ -1,5 +1,5 @@
 // The CUDA MLA attention sources run on the CPU through the emulation in
-// tests/cuda_emu/cuda_emulation.h, against the host kernels:
+// kernels/cuda/emulation/cuda_emulation.h, against the host kernels:
 //   * the tensor-core decode kernel alone (kernels/cuda/mla_decode_mma.cuh),
 //     with split items merged here as the combine kernel merges them
 //     (kernels/common/softmax_math.h): fragment layouts, the cp.async ring,
@@ -23,7 +23,7 @@
 #include "tests/mla_attention_cases.h"
 
 #define MLAG_CUDA_EMULATION 1
-#include "tests/cuda_emu/cuda_emulation.h"
+#include "kernels/cuda/emulation/cuda_emulation.h"
 // The emulation must come first.
 #include "kernels/cuda/mla_decode_mma.cuh"
 #include "kernels/cuda/mla_kv_update.cuh"

@@ -1,6 +1,6 @@
 // The CUDA sources of every op but attention (kernels/cuda/{moe, sampling,
 // rms_norm, activation, embedding, rope, elementwise, linear}.cu), launchers
-// and kernels, run on the CPU through tests/cuda_emu/cuda_emulation.h and
+// and kernels, run on the CPU through kernels/cuda/emulation/cuda_emulation.h and
 // compared with the host kernels on the same random inputs. Tolerances are
 // the GPU tests' (tests/gpu/basic_ops_gpu_test.cc, moe_linear_gpu_test.cc):
 //   routing: identical ids, weights within 1e-6 (relative above 1);
@@ -30,7 +30,7 @@
 #include "tests/test_util.h"
 
 #define MLAG_CUDA_EMULATION 1
-#include "tests/cuda_emu/cuda_emulation.h"
+#include "kernels/cuda/emulation/cuda_emulation.h"
 // The emulation must come first.
 #include "kernels/cuda/activation.cuh"
 #include "kernels/cuda/elementwise.cuh"
