@@ -3,7 +3,7 @@
  *
  * Usage: embed [MODEL]   (MODEL: a built-in name or a checkpoint
  * directory; default tiny-v3). */
-#include "runtime/mlagraph.h"
+#include "runtime/capi/mlagraph.h"
 
 #include <stdio.h>
 

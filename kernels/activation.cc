@@ -31,8 +31,8 @@ absl::Status SiluAndMul(Stream& stream, const Tensor& gate_up, const Tensor& out
 #if MLAG_HAVE_CUDA
     return stream.LaunchCuda("silu_and_mul", OpKind::kKernel, [&](void* s) {
       return static_cast<int>(cuda::LaunchSiluAndMul(
-          gate_up.data(), static_cast<int>(gate_up.dtype()), gate_up.stride(0), out.data(),
-          static_cast<int>(out.dtype()), out.stride(0), out.size(0), out.size(1),
+          gate_up.data(), gate_up.dtype(), gate_up.stride(0), out.data(),
+          out.dtype(), out.stride(0), out.size(0), out.size(1),
           static_cast<cudaStream_t>(s)));
     });
 #endif

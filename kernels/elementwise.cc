@@ -18,10 +18,6 @@ namespace {
 
 constexpr std::initializer_list<DType> kFloat = {DType::kF32, DType::kBF16, DType::kF16};
 
-#if MLAG_HAVE_CUDA
-int Code(DType d) { return static_cast<int>(d); }
-#endif
-
 }  // namespace
 
 absl::Status Fill(Stream& stream, const Tensor& t, double value) {
@@ -36,7 +32,7 @@ absl::Status Fill(Stream& stream, const Tensor& t, double value) {
       });
     }
     return stream.LaunchCuda("fill", OpKind::kKernel, [&](void* s) {
-      return static_cast<int>(cuda::LaunchFill(t.data(), Code(t.dtype()), t.numel(), value,
+      return static_cast<int>(cuda::LaunchFill(t.data(), t.dtype(), t.numel(), value,
                                                static_cast<cudaStream_t>(s)));
     });
 #endif
@@ -58,8 +54,8 @@ absl::Status Scale(Stream& stream, const Tensor& x, float alpha, const Tensor& y
   if (stream.is_cuda()) {
 #if MLAG_HAVE_CUDA
     return stream.LaunchCuda("scale", OpKind::kKernel, [&](void* s) {
-      return static_cast<int>(cuda::LaunchScale(x.data(), Code(x.dtype()), alpha, y.data(),
-                                                Code(y.dtype()), x.numel(),
+      return static_cast<int>(cuda::LaunchScale(x.data(), x.dtype(), alpha, y.data(),
+                                                y.dtype(), x.numel(),
                                                 static_cast<cudaStream_t>(s)));
     });
 #endif
@@ -85,8 +81,8 @@ absl::Status Add(Stream& stream, const Tensor& a, const Tensor& b, const Tensor&
   if (stream.is_cuda()) {
 #if MLAG_HAVE_CUDA
     return stream.LaunchCuda("add", OpKind::kKernel, [&](void* s) {
-      return static_cast<int>(cuda::LaunchAdd(a.data(), Code(a.dtype()), b.data(),
-                                              Code(b.dtype()), out.data(), Code(out.dtype()),
+      return static_cast<int>(cuda::LaunchAdd(a.data(), a.dtype(), b.data(),
+                                              b.dtype(), out.data(), out.dtype(),
                                               a.numel(), static_cast<cudaStream_t>(s)));
     });
 #endif

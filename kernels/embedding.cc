@@ -38,8 +38,8 @@ absl::Status LaunchGatherRows(Stream& stream, absl::string_view name,
     return stream.LaunchCuda(name, OpKind::kKernel, [&](void* s) {
       return static_cast<int>(cuda::LaunchGatherRows(
           indices.data(), indices.dtype() == DType::kI64, indices.stride(0), table.data(),
-          static_cast<int>(table.dtype()), table.size(0), table.stride(0), out.data(),
-          static_cast<int>(out.dtype()), out.stride(0), out.size(0), out.size(1),
+          table.dtype(), table.size(0), table.stride(0), out.data(),
+          out.dtype(), out.stride(0), out.size(0), out.size(1),
           static_cast<cudaStream_t>(s)));
     });
 #endif

@@ -68,7 +68,7 @@ cuda::MlaAttentionArgs CudaArgs(const Tensor& q_latent, const Tensor& q_pe, cons
   a.q_pe_stride0 = q_pe.stride(0);
   a.q_pe_stride1 = q_pe.stride(1);
   a.cache = cache.data();
-  a.cache_dtype = static_cast<int>(cache.dtype());
+  a.cache_dtype = cache.dtype();
   a.num_blocks = cache.size(0);
   a.block_size = cache.size(1);
   a.block_table = block_table.data_as<const int32_t>();
@@ -183,7 +183,7 @@ absl::Status MlaDecode(Stream& stream, const Tensor& q_latent, const Tensor& q_p
     const bool tensor_core =
         kernel == MlaDecodeKernel::kTensorCore || kernel == MlaDecodeKernel::kTensorCoreBf16Q;
     if (tensor_core && !cuda::MlaDecodeMmaSupported(rkv, q_pe.size(2),
-                                                    static_cast<int>(cache.dtype()))) {
+                                                    cache.dtype())) {
       return absl::InvalidArgumentError(absl::StrCat(
           "mla_decode: the ", MlaDecodeKernelName(kernel), " kernel needs a bf16 cache, ",
           "kv_lora_rank + rope dim a multiple of 16 and kv_lora_rank a multiple of 8; got ",
@@ -191,20 +191,7 @@ absl::Status MlaDecode(Stream& stream, const Tensor& q_latent, const Tensor& q_p
     }
     cuda::MlaAttentionArgs args =
         CudaArgs(q_latent, q_pe, cache, block_table, seq_lens, scale, out_latent, lse);
-    switch (kernel) {
-      case MlaDecodeKernel::kAuto:
-        args.decode_kernel = cuda::kMlaDecodeAuto;
-        break;
-      case MlaDecodeKernel::kF32:
-        args.decode_kernel = cuda::kMlaDecodeF32;
-        break;
-      case MlaDecodeKernel::kTensorCore:
-        args.decode_kernel = cuda::kMlaDecodeMma;
-        break;
-      case MlaDecodeKernel::kTensorCoreBf16Q:
-        args.decode_kernel = cuda::kMlaDecodeMmaBf16Q;
-        break;
-    }
+    args.decode_kernel = kernel;
     return stream.LaunchCuda("mla_decode", OpKind::kKernel, [&](void* s) {
       return static_cast<int>(
           cuda::LaunchMlaDecode(args, ws_data, ws_bytes, static_cast<cudaStream_t>(s)));

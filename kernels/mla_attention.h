@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/core/device.h"
 #include "runtime/core/stream.h"
+#include "kernels/mla_decode_kernel.h"
 #include "runtime/core/tensor.h"
 
 namespace mlag {
@@ -91,19 +92,6 @@ class MlaDecodeWorkspace {
   int64_t rkv_ = 0;
 };
 
-// The CUDA decode attention kernel (the host has one kernel and ignores this).
-//   kAuto         kTensorCore where it applies, else kF32.
-//   kF32          f32 FMA on the CUDA cores; any cache dtype and width within
-//                 the limits above; the reference the others are tested against.
-//   kTensorCore   bf16 tensor cores (compute capability >= 8.0), bf16 cache
-//                 only, (Rkv + dr) % 16 == 0, Rkv % 8 == 0. Cache rows are used
-//                 as stored; q is carried as two bf16 parts (hi + lo, 16
-//                 significant bits); the probabilities are rounded to bf16
-//                 (relative error <= 2^-9 per weight, the softmax sum taken
-//                 over the rounded weights); f32 accumulation.
-//   kTensorCoreBf16Q  as kTensorCore with q rounded to bf16 once: half the
-//                 score products, scores accurate to about 3 significant digits.
-enum class MlaDecodeKernel { kAuto, kF32, kTensorCore, kTensorCoreBf16Q };
 const char* MlaDecodeKernelName(MlaDecodeKernel kernel);
 
 // Decode: one query token per sequence (N == B), attending to all seq_len

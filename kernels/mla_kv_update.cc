@@ -53,9 +53,9 @@ absl::Status MlaKvUpdate(Stream& stream, const Tensor& kv_c, const Tensor& k_pe,
     }
     return stream.LaunchCuda("mla_kv_update", OpKind::kKernel, [&](void* s) {
       return static_cast<int>(cuda::LaunchMlaKvUpdate(
-          kv_c.data(), static_cast<int>(kv_c.dtype()), kv_c.stride(0), k_pe.data(),
-          static_cast<int>(k_pe.dtype()), k_pe.stride(0), slot_mapping.data_as<const int64_t>(),
-          slot_mapping.stride(0), num_tokens, cache.data(), static_cast<int>(cache.dtype()),
+          kv_c.data(), kv_c.dtype(), kv_c.stride(0), k_pe.data(),
+          k_pe.dtype(), k_pe.stride(0), slot_mapping.data_as<const int64_t>(),
+          slot_mapping.stride(0), num_tokens, cache.data(), cache.dtype(),
           cache.size(0) * cache.size(1), rkv, dr, static_cast<cudaStream_t>(s)));
     });
   }

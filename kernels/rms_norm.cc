@@ -44,11 +44,6 @@ absl::Status CheckNormArgs(const Stream& stream, const Tensor& in, absl::string_
   return CheckEps(eps);
 }
 
-#if MLAG_HAVE_CUDA
-// dtype code for the CUDA launchers: mlag::DType's underlying value.
-int Code(DType d) { return static_cast<int>(d); }
-#endif
-
 // y may be the very tensor `x` (each row is read before it is written) but
 // not the same memory under another dtype or row stride.
 absl::Status CheckInPlace(const Tensor& x, const Tensor& y) {
@@ -70,8 +65,8 @@ absl::Status RmsNorm(Stream& stream, const Tensor& x, const Tensor& weight, floa
 #if MLAG_HAVE_CUDA
     return stream.LaunchCuda("rms_norm", OpKind::kKernel, [&](void* s) {
       return static_cast<int>(cuda::LaunchRmsNorm(
-          x.data(), Code(x.dtype()), x.stride(0), weight.data(), Code(weight.dtype()), y.data(),
-          Code(y.dtype()), y.stride(0), x.size(0), x.size(1), eps, static_cast<cudaStream_t>(s)));
+          x.data(), x.dtype(), x.stride(0), weight.data(), weight.dtype(), y.data(),
+          y.dtype(), y.stride(0), x.size(0), x.size(1), eps, static_cast<cudaStream_t>(s)));
     });
 #endif
   }
@@ -97,8 +92,8 @@ absl::Status AddRmsNorm(Stream& stream, const Tensor& x, const Tensor& residual,
 #if MLAG_HAVE_CUDA
     return stream.LaunchCuda("add_rms_norm", OpKind::kKernel, [&](void* s) {
       return static_cast<int>(cuda::LaunchAddRmsNorm(
-          x.data(), Code(x.dtype()), x.stride(0), residual.data(), Code(residual.dtype()),
-          residual.stride(0), weight.data(), Code(weight.dtype()), y.data(), Code(y.dtype()),
+          x.data(), x.dtype(), x.stride(0), residual.data(), residual.dtype(),
+          residual.stride(0), weight.data(), weight.dtype(), y.data(), y.dtype(),
           y.stride(0), x.size(0), x.size(1), eps, static_cast<cudaStream_t>(s)));
     });
 #endif

@@ -12,7 +12,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 
 int main(int argc, char** argv) {
   if (argc != 2) {

@@ -6,7 +6,7 @@
  * Usage: c_api_test EXPECTED_FILE. Prints "c_api_test: N passed, M failed";
  * exits non-zero when any check failed. */
 /* First, so that this file proves the header compiles alone as C99. */
-#include "runtime/mlagraph.h"
+#include "runtime/capi/mlagraph.h"
 
 #include <stdint.h>
 #include <stdio.h>

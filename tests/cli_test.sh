@@ -40,7 +40,7 @@ expect_usage_error "" bogus
 expect_usage_error "" run --model tiny-v3 --no-such-flag
 expect_usage_error "device" run --model tiny-v3 --device tpu
 expect_usage_error "no graph of size" graphs --model tiny-v3 --size 3
-expect_usage_error "batch size" bench --model tiny-v3 --batch-sizes 0
+expect_usage_error "batch-sizes" bench --model tiny-v3 --batch-sizes 0
 
 # JSON output parses and has the documented fields.
 common=(--model tiny-v3 --num-requests 6 --prompt-len 11 --shared-prefix-len 4 --max-tokens 5 --seed 3 --json)

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/common/half.h"
+#include "runtime/core/scalar_types.h"
 #include "kernels/mla_attention.h"
 #include "runtime/core/dtype.h"
 #include "tests/test_util.h"

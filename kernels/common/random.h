@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "kernels/common/hd.h"
+#include "runtime/core/host_device.h"
 
 namespace mlag {
 

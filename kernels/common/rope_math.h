@@ -10,7 +10,7 @@
 
 #include <math.h>
 
-#include "kernels/common/hd.h"
+#include "runtime/core/host_device.h"
 
 namespace mlag {
 

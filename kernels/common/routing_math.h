@@ -11,7 +11,7 @@
 
 #include <cmath>
 
-#include "kernels/common/hd.h"
+#include "runtime/core/host_device.h"
 
 namespace mlag {
 

@@ -37,8 +37,8 @@
 
 #include <cstring>
 
-#include "kernels/common/half.h"
-#include "kernels/common/hd.h"
+#include "runtime/core/scalar_types.h"
+#include "runtime/core/host_device.h"
 
 namespace mlag {
 

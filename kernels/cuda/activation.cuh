@@ -13,9 +13,9 @@ namespace mlag::cuda {
 // expf may differ from the host's by an ulp or two).
 //   gate_up: [rows, 2 inter], rows `in_row_stride` elements apart;
 //   out: [rows, inter], rows `out_row_stride` elements apart.
-// dtype codes follow mlag::DType: 0 f32, 1 bf16, 2 f16.
-cudaError_t LaunchSiluAndMul(const void* gate_up, int in_dtype, int64_t in_row_stride, void* out,
-                             int out_dtype, int64_t out_row_stride, int64_t rows, int64_t inter,
+// Floating dtypes: f32, bf16, f16.
+cudaError_t LaunchSiluAndMul(const void* gate_up, DType in_dtype, int64_t in_row_stride, void* out,
+                             DType out_dtype, int64_t out_row_stride, int64_t rows, int64_t inter,
                              cudaStream_t stream);
 
 }  // namespace mlag::cuda

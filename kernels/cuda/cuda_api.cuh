@@ -10,6 +10,8 @@
 // CUB's block collectives come from here too (real or emulated).
 #pragma once
 
+#include "runtime/core/scalar_types.h"  // DType, bf16/f16 conversions
+
 #if defined(MLAG_CUDA_EMULATION)
 #include "kernels/cuda/emulation/cuda_emulation.h"
 #define MLAG_LAUNCH(kernel, grid, block, smem, stream) \

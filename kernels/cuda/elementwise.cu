@@ -1,6 +1,5 @@
 #include "kernels/cuda/elementwise.cuh"
 
-#include "kernels/cuda/dtype_access.cuh"
 
 namespace mlag::cuda {
 namespace {
@@ -12,52 +11,52 @@ int Blocks(int64_t n) {
   return static_cast<int>(b < 65535 * 8 ? (b < 1 ? 1 : b) : 65535 * 8);
 }
 
-__global__ void FillKernel(void* data, int dtype, int64_t n, double value) {
+__global__ void FillKernel(void* data, DType dtype, int64_t n, double value) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    if (dtype == 3) {
+    if (dtype == DType::kI32) {
       static_cast<int32_t*>(data)[i] = static_cast<int32_t>(value);
-    } else if (dtype == 4) {
+    } else if (dtype == DType::kI64) {
       static_cast<int64_t*>(data)[i] = static_cast<int64_t>(value);
     } else {
-      StoreF32(data, dtype, i, static_cast<float>(value));
+      StoreFromF32(dtype, data, i, static_cast<float>(value));
     }
   }
 }
 
-__global__ void ScaleKernel(const void* x, int x_dtype, float alpha, void* y, int y_dtype,
+__global__ void ScaleKernel(const void* x, DType x_dtype, float alpha, void* y, DType y_dtype,
                             int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    StoreF32(y, y_dtype, i, alpha * LoadF32(x, x_dtype, i));
+    StoreFromF32(y_dtype, y, i, alpha * LoadAsF32(x_dtype, x, i));
   }
 }
 
-__global__ void AddKernel(const void* a, int a_dtype, const void* b, int b_dtype, void* out,
-                          int out_dtype, int64_t n) {
+__global__ void AddKernel(const void* a, DType a_dtype, const void* b, DType b_dtype, void* out,
+                          DType out_dtype, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    StoreF32(out, out_dtype, i, LoadF32(a, a_dtype, i) + LoadF32(b, b_dtype, i));
+    StoreFromF32(out_dtype, out, i, LoadAsF32(a_dtype, a, i) + LoadAsF32(b_dtype, b, i));
   }
 }
 
 }  // namespace
 
-cudaError_t LaunchFill(void* data, int dtype, int64_t n, double value, cudaStream_t stream) {
+cudaError_t LaunchFill(void* data, DType dtype, int64_t n, double value, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   MLAG_LAUNCH(FillKernel, Blocks(n), kThreads, 0, stream)(data, dtype, n, value);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchScale(const void* x, int x_dtype, float alpha, void* y, int y_dtype, int64_t n,
+cudaError_t LaunchScale(const void* x, DType x_dtype, float alpha, void* y, DType y_dtype, int64_t n,
                         cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   MLAG_LAUNCH(ScaleKernel, Blocks(n), kThreads, 0, stream)(x, x_dtype, alpha, y, y_dtype, n);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchAdd(const void* a, int a_dtype, const void* b, int b_dtype, void* out,
-                      int out_dtype, int64_t n, cudaStream_t stream) {
+cudaError_t LaunchAdd(const void* a, DType a_dtype, const void* b, DType b_dtype, void* out,
+                      DType out_dtype, int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   MLAG_LAUNCH(AddKernel, Blocks(n), kThreads, 0, stream)(a, a_dtype, b, b_dtype, out, out_dtype, n);
   return cudaGetLastError();

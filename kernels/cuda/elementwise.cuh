@@ -8,12 +8,11 @@
 
 namespace mlag::cuda {
 
-// dtype codes follow mlag::DType's underlying values (0 f32, 1 bf16, 2 f16,
-// 3 i32, 4 i64).
-cudaError_t LaunchFill(void* data, int dtype, int64_t n, double value, cudaStream_t stream);
-cudaError_t LaunchScale(const void* x, int x_dtype, float alpha, void* y, int y_dtype, int64_t n,
+// Fill takes f32, bf16, f16, i32 and i64; Scale and Add the floating dtypes.
+cudaError_t LaunchFill(void* data, DType dtype, int64_t n, double value, cudaStream_t stream);
+cudaError_t LaunchScale(const void* x, DType x_dtype, float alpha, void* y, DType y_dtype, int64_t n,
                         cudaStream_t stream);
-cudaError_t LaunchAdd(const void* a, int a_dtype, const void* b, int b_dtype, void* out,
-                      int out_dtype, int64_t n, cudaStream_t stream);
+cudaError_t LaunchAdd(const void* a, DType a_dtype, const void* b, DType b_dtype, void* out,
+                      DType out_dtype, int64_t n, cudaStream_t stream);
 
 }  // namespace mlag::cuda

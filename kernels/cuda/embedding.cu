@@ -3,7 +3,6 @@
 // index once per row.
 #include "kernels/cuda/embedding.cuh"
 
-#include "kernels/cuda/dtype_access.cuh"
 
 namespace mlag::cuda {
 namespace {
@@ -14,8 +13,8 @@ constexpr int64_t kMaxGridX = 1 << 20;
 
 __global__ void __launch_bounds__(kThreads)
     GatherRowsKernel(const void* indices, bool indices_are_i64, int64_t index_stride,
-                     const void* table, int table_dtype, int64_t table_rows,
-                     int64_t table_row_stride, void* out, int out_dtype, int64_t out_row_stride,
+                     const void* table, DType table_dtype, int64_t table_rows,
+                     int64_t table_row_stride, void* out, DType out_dtype, int64_t out_row_stride,
                      int64_t num_rows, int64_t dim) {
   for (int64_t t = blockIdx.y; t < num_rows; t += gridDim.y) {
     const int64_t id = indices_are_i64 ? static_cast<const int64_t*>(indices)[t * index_stride]
@@ -27,20 +26,20 @@ __global__ void __launch_bounds__(kThreads)
          i += int64_t(gridDim.x) * kThreads) {
       if (!valid) {
         // All-zero bits are +0.0 in f32, bf16 and f16 alike.
-        if (out_dtype == 0) {
+        if (out_dtype == DType::kF32) {
           static_cast<uint32_t*>(out)[dst + i] = 0;
         } else {
           static_cast<uint16_t*>(out)[dst + i] = 0;
         }
       } else if (table_dtype == out_dtype) {
         // Same dtype: the bits, as the host's memcpy (NaN payloads included).
-        if (out_dtype == 0) {
+        if (out_dtype == DType::kF32) {
           static_cast<uint32_t*>(out)[dst + i] = static_cast<const uint32_t*>(table)[src + i];
         } else {
           static_cast<uint16_t*>(out)[dst + i] = static_cast<const uint16_t*>(table)[src + i];
         }
       } else {
-        StoreF32(out, out_dtype, dst + i, LoadF32(table, table_dtype, src + i));
+        StoreFromF32(out_dtype, out, dst + i, LoadAsF32(table_dtype, table, src + i));
       }
     }
   }
@@ -49,8 +48,8 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 cudaError_t LaunchGatherRows(const void* indices, bool indices_are_i64, int64_t index_stride,
-                             const void* table, int table_dtype, int64_t table_rows,
-                             int64_t table_row_stride, void* out, int out_dtype,
+                             const void* table, DType table_dtype, int64_t table_rows,
+                             int64_t table_row_stride, void* out, DType out_dtype,
                              int64_t out_row_stride, int64_t num_rows, int64_t dim,
                              cudaStream_t stream) {
   if (num_rows <= 0 || dim <= 0) return cudaSuccess;

@@ -15,10 +15,10 @@ namespace mlag::cuda {
 //     indices[t * index_stride];
 //   table: [table_rows, dim], rows `table_row_stride` elements apart;
 //   out: [num_rows, dim], rows `out_row_stride` elements apart.
-// dtype codes follow mlag::DType: 0 f32, 1 bf16, 2 f16.
+// Floating dtypes: f32, bf16, f16.
 cudaError_t LaunchGatherRows(const void* indices, bool indices_are_i64, int64_t index_stride,
-                             const void* table, int table_dtype, int64_t table_rows,
-                             int64_t table_row_stride, void* out, int out_dtype,
+                             const void* table, DType table_dtype, int64_t table_rows,
+                             int64_t table_row_stride, void* out, DType out_dtype,
                              int64_t out_row_stride, int64_t num_rows, int64_t dim,
                              cudaStream_t stream);
 

@@ -33,7 +33,7 @@
 //
 // Decode with a bf16 cache runs, by default, the tensor-core kernel of
 // kernels/cuda/mla_decode_mma.cuh over the same items, plan, workspace and
-// combine (LaunchDecodeAttend chooses; MlaDecodeKernelCode).
+// combine (LaunchDecodeAttend chooses; MlaDecodeKernel).
 #include "kernels/cuda/mla_attention.cuh"
 
 #include <math.h>
@@ -595,7 +595,7 @@ WorkspaceLayout Layout(int64_t items, int64_t heads, int64_t rkv) {
 bool ValidArgs(const MlaAttentionArgs& a) {
   return a.num_seqs >= 0 && a.num_seqs < (int64_t{1} << 30) && a.num_rows >= 0 &&
          a.num_rows < (int64_t{1} << 31) - 1 && a.heads >= 1 && a.heads <= (1 << 20) &&
-         MlaAttentionSupported(a.rkv, a.dr) && (a.cache_dtype == 0 || a.cache_dtype == 1) &&
+         MlaAttentionSupported(a.rkv, a.dr) && (a.cache_dtype == DType::kF32 || a.cache_dtype == DType::kBF16) &&
          a.block_size >= 1 && a.block_size < (int64_t{1} << 30) && a.max_blocks >= 0 &&
          a.num_blocks >= 0;
 }
@@ -616,7 +616,7 @@ cudaError_t LaunchAttend(const KernelParams& p, unsigned grid, cudaStream_t stre
 }
 
 cudaError_t LaunchAttendForDtype(const KernelParams& p, unsigned grid, cudaStream_t stream) {
-  return p.a.cache_dtype == 1 ? LaunchAttend<uint16_t>(p, grid, stream)
+  return p.a.cache_dtype == DType::kBF16 ? LaunchAttend<uint16_t>(p, grid, stream)
                               : LaunchAttend<float>(p, grid, stream);
 }
 
@@ -624,7 +624,7 @@ KernelParams BaseParams(const MlaAttentionArgs& a) {
   KernelParams p{};
   p.a = a;
   const int64_t width = a.rkv + a.dr;
-  const int64_t chunk = a.cache_dtype == 1 ? 8 : 4;
+  const int64_t chunk = a.cache_dtype == DType::kBF16 ? 8 : 4;
   p.pitch = static_cast<int>((width + chunk - 1) / chunk * chunk);
   // 16-byte copies need 16-byte rows; an empty cache (nullptr) takes the
   // element path, which reads nothing when no block is valid.
@@ -658,7 +658,7 @@ int64_t MlaDecodeWorkspaceItems(size_t bytes, int64_t heads, int64_t rkv) {
 namespace {
 
 // The attention kernel of a decode call: the f32 kernel or a tensor-core one
-// (see MlaDecodeKernelCode).
+// (see MlaDecodeKernel).
 cudaError_t LaunchDecodeAttend(const KernelParams& p, unsigned grid, int device,
                                cudaStream_t stream) {
   int major = 0, smem_limit = 0;
@@ -680,14 +680,17 @@ cudaError_t LaunchDecodeAttend(const KernelParams& p, unsigned grid, int device,
                           p.vec_loads && major >= 8 && built.binaryVersion >= 80 &&
                           built.ptxVersion >= 80 &&
                           smem + sizeof(BlockItem) <= static_cast<size_t>(smem_limit);
-  int kind = p.a.decode_kernel;
-  if (kind == kMlaDecodeAuto) kind = mma_usable ? kMlaDecodeMma : kMlaDecodeF32;
-  if (kind == kMlaDecodeF32) return LaunchAttendForDtype(p, grid, stream);
-  if ((kind != kMlaDecodeMma && kind != kMlaDecodeMmaBf16Q) || !mma_usable) {
+  MlaDecodeKernel kind = p.a.decode_kernel;
+  if (kind == MlaDecodeKernel::kAuto) {
+    kind = mma_usable ? MlaDecodeKernel::kTensorCore : MlaDecodeKernel::kF32;
+  }
+  if (kind == MlaDecodeKernel::kF32) return LaunchAttendForDtype(p, grid, stream);
+  if ((kind != MlaDecodeKernel::kTensorCore && kind != MlaDecodeKernel::kTensorCoreBf16Q) ||
+      !mma_usable) {
     return cudaErrorNotSupported;
   }
   void (*kernel)(KernelParams) =
-      kind == kMlaDecodeMma ? MlaDecodeMmaKernel<true> : MlaDecodeMmaKernel<false>;
+      kind == MlaDecodeKernel::kTensorCore ? MlaDecodeMmaKernel<true> : MlaDecodeMmaKernel<false>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(smem));
   if (err != cudaSuccess) return err;

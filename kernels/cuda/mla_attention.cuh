@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_api.cuh"
+#include "kernels/mla_decode_kernel.h"
 
 namespace mlag::cuda {
 
@@ -27,7 +28,7 @@ struct MlaAttentionArgs {
   const float* q_pe = nullptr;  // [num_rows, heads, dr], last dim unit-stride
   int64_t q_pe_stride0 = 0, q_pe_stride1 = 0;
   const void* cache = nullptr;  // [num_blocks, block_size, rkv + dr], contiguous
-  int cache_dtype = 0;          // mlag::DType code: 0 f32, 1 bf16
+  DType cache_dtype = DType::kF32;  // f32 or bf16
   int64_t num_blocks = 0, block_size = 0;
   const int32_t* block_table = nullptr;  // [num_seqs, max_blocks], row stride below
   int64_t block_table_stride = 0, max_blocks = 0;
@@ -39,15 +40,7 @@ struct MlaAttentionArgs {
   float scale = 1.0f;
   float* out_latent = nullptr;  // [num_rows, heads, rkv], contiguous
   float* lse = nullptr;         // [num_rows, heads], contiguous
-  int decode_kernel = 0;        // MlaDecodeKernelCode; decode only
-};
-
-// Which kernel computes decode attention.
-enum MlaDecodeKernelCode : int {
-  kMlaDecodeAuto = 0,      // tensor cores (split Q) where usable, else f32
-  kMlaDecodeF32 = 1,       // f32 FMA on the CUDA cores: every cache dtype and width
-  kMlaDecodeMma = 2,       // tensor cores, Q as two bf16 parts (hi + lo)
-  kMlaDecodeMmaBf16Q = 3,  // tensor cores, Q rounded to bf16 once
+  MlaDecodeKernel decode_kernel = MlaDecodeKernel::kAuto;  // decode only
 };
 
 // The kernels hold a cache row and a query vector in shared memory.
@@ -60,8 +53,8 @@ inline bool MlaAttentionSupported(int64_t rkv, int64_t dr) {
 // The tensor-core decode kernels need a bf16 cache, rows of a multiple of 16
 // elements and rkv a multiple of 8 (and, checked at launch, a GPU of compute
 // capability 8.0 or newer and a 16-byte aligned cache).
-inline bool MlaDecodeMmaSupported(int64_t rkv, int64_t dr, int cache_dtype) {
-  return cache_dtype == 1 && MlaAttentionSupported(rkv, dr) && (rkv + dr) % 16 == 0 &&
+inline bool MlaDecodeMmaSupported(int64_t rkv, int64_t dr, DType cache_dtype) {
+  return cache_dtype == DType::kBF16 && MlaAttentionSupported(rkv, dr) && (rkv + dr) % 16 == 0 &&
          rkv % 8 == 0;
 }
 

@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/common/half.h"
+#include "runtime/core/scalar_types.h"
 #include "kernels/common/softmax_math.h"
 #include "kernels/cuda/mla_attention_block.cuh"
 

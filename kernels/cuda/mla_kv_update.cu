@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kernels/common/half.h"
+#include "runtime/core/scalar_types.h"
 
 namespace mlag::cuda {
 namespace {
@@ -116,19 +116,19 @@ cudaError_t Launch(const KvArgs& a, cudaStream_t stream) {
 }
 
 template <typename SrcC, typename SrcPe>
-cudaError_t LaunchForCache(const KvArgs& a, int cache_dtype, cudaStream_t stream) {
-  return cache_dtype == 0 ? Launch<SrcC, SrcPe, float>(a, stream)
+cudaError_t LaunchForCache(const KvArgs& a, DType cache_dtype, cudaStream_t stream) {
+  return cache_dtype == DType::kF32 ? Launch<SrcC, SrcPe, float>(a, stream)
                           : Launch<SrcC, SrcPe, uint16_t>(a, stream);
 }
 
 }  // namespace
 
-cudaError_t LaunchMlaKvUpdate(const void* kv_c, int kv_c_dtype, int64_t kv_c_row_stride,
-                              const void* k_pe, int k_pe_dtype, int64_t k_pe_row_stride,
+cudaError_t LaunchMlaKvUpdate(const void* kv_c, DType kv_c_dtype, int64_t kv_c_row_stride,
+                              const void* k_pe, DType k_pe_dtype, int64_t k_pe_row_stride,
                               const int64_t* slot_mapping, int64_t slot_mapping_stride,
-                              int64_t num_tokens, void* cache, int cache_dtype, int64_t num_slots,
+                              int64_t num_tokens, void* cache, DType cache_dtype, int64_t num_slots,
                               int64_t rkv, int64_t dr, cudaStream_t stream) {
-  auto is_float = [](int dtype) { return dtype == 0 || dtype == 1; };
+  auto is_float = [](DType dtype) { return dtype == DType::kF32 || dtype == DType::kBF16; };
   if (num_tokens < 0 || num_tokens > 0x7fffffff || rkv < 0 || dr < 0 ||
       rkv + dr > 0x7fffffff || !is_float(kv_c_dtype) || !is_float(k_pe_dtype) ||
       !is_float(cache_dtype)) {
@@ -138,11 +138,11 @@ cudaError_t LaunchMlaKvUpdate(const void* kv_c, int kv_c_dtype, int64_t kv_c_row
   const KvArgs a{kv_c,         kv_c_row_stride,     k_pe,       k_pe_row_stride,
                  slot_mapping, slot_mapping_stride, num_tokens, cache,
                  num_slots,    static_cast<int>(rkv), static_cast<int>(dr)};
-  if (kv_c_dtype == 0) {
-    return k_pe_dtype == 0 ? LaunchForCache<float, float>(a, cache_dtype, stream)
+  if (kv_c_dtype == DType::kF32) {
+    return k_pe_dtype == DType::kF32 ? LaunchForCache<float, float>(a, cache_dtype, stream)
                            : LaunchForCache<float, uint16_t>(a, cache_dtype, stream);
   }
-  return k_pe_dtype == 0 ? LaunchForCache<uint16_t, float>(a, cache_dtype, stream)
+  return k_pe_dtype == DType::kF32 ? LaunchForCache<uint16_t, float>(a, cache_dtype, stream)
                          : LaunchForCache<uint16_t, uint16_t>(a, cache_dtype, stream);
 }
 

@@ -16,14 +16,14 @@ namespace mlag::cuda {
 // (the cache is contiguous [num_slots, rkv + dr]) receives
 // [kv_c[t, 0:rkv] | k_pe[t, 0:dr]] cast to the cache dtype: bit copies when
 // the dtypes agree, round-to-nearest-even f32 -> bf16, exact bf16 -> f32.
-// Row strides are in elements. dtype codes follow mlag::DType: 0 f32, 1 bf16
-// (the only ones accepted here). Rows are copied 16 bytes at a time where both
+// Row strides are in elements. Dtypes are f32 or bf16 (the only ones
+// accepted here). Rows are copied 16 bytes at a time where both
 // the source row and the cache row are aligned for it, element by element
 // otherwise.
-cudaError_t LaunchMlaKvUpdate(const void* kv_c, int kv_c_dtype, int64_t kv_c_row_stride,
-                              const void* k_pe, int k_pe_dtype, int64_t k_pe_row_stride,
+cudaError_t LaunchMlaKvUpdate(const void* kv_c, DType kv_c_dtype, int64_t kv_c_row_stride,
+                              const void* k_pe, DType k_pe_dtype, int64_t k_pe_row_stride,
                               const int64_t* slot_mapping, int64_t slot_mapping_stride,
-                              int64_t num_tokens, void* cache, int cache_dtype, int64_t num_slots,
+                              int64_t num_tokens, void* cache, DType cache_dtype, int64_t num_slots,
                               int64_t rkv, int64_t dr, cudaStream_t stream);
 
 }  // namespace mlag::cuda

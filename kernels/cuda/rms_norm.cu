@@ -9,7 +9,6 @@
 #include "kernels/cuda/rms_norm.cuh"
 
 
-#include "kernels/cuda/dtype_access.cuh"
 
 namespace mlag::cuda {
 namespace {
@@ -20,9 +19,9 @@ constexpr int64_t kMaxBlocks = 65535 * 16;
 using BlockReduceF64 = cub::BlockReduce<double, kThreads>;
 
 // `v` rounded to the precision of `dtype` (f32 passes through).
-__device__ __forceinline__ float RoundTo(int dtype, float v) {
-  if (dtype == 1) return Bf16ToF32(F32ToBf16(v));
-  if (dtype == 2) return F16ToF32(F32ToF16(v));
+__device__ __forceinline__ float RoundTo(DType dtype, float v) {
+  if (dtype == DType::kBF16) return Bf16ToF32(F32ToBf16(v));
+  if (dtype == DType::kF16) return F16ToF32(F32ToF16(v));
   return v;
 }
 
@@ -31,9 +30,9 @@ __device__ __forceinline__ float RoundTo(int dtype, float v) {
 // `in_store` (the same memory as `in`).
 template <bool kAdd>
 __global__ void __launch_bounds__(kThreads)
-    RmsNormKernel(const void* x, int x_dtype, int64_t x_row_stride, const void* in,
-                  void* in_store, int in_dtype, int64_t in_row_stride, const void* weight,
-                  int weight_dtype, void* y, int y_dtype, int64_t y_row_stride, int64_t rows,
+    RmsNormKernel(const void* x, DType x_dtype, int64_t x_row_stride, const void* in,
+                  void* in_store, DType in_dtype, int64_t in_row_stride, const void* weight,
+                  DType weight_dtype, void* y, DType y_dtype, int64_t y_row_stride, int64_t rows,
                   int64_t dim, float eps) {
   __shared__ typename BlockReduceF64::TempStorage reduce;
   __shared__ float inv_rms_shared;
@@ -43,10 +42,10 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t y_row = r * y_row_stride;
     double sum_sq = 0.0;
     for (int64_t i = tid; i < dim; i += kThreads) {
-      float v = LoadF32(in, in_dtype, in_row + i);
+      float v = LoadAsF32(in_dtype, in, in_row + i);
       if (kAdd) {
-        v = RoundTo(in_dtype, __fadd_rn(v, LoadF32(x, x_dtype, r * x_row_stride + i)));
-        StoreF32(in_store, in_dtype, in_row + i, v);
+        v = RoundTo(in_dtype, __fadd_rn(v, LoadAsF32(x_dtype, x, r * x_row_stride + i)));
+        StoreFromF32(in_dtype, in_store, in_row + i, v);
       }
       // The product of two f32 values is exact in double, so fusing it into
       // the add changes nothing.
@@ -62,9 +61,9 @@ __global__ void __launch_bounds__(kThreads)
     // AddRmsNorm re-reads the sums through the pointer it stored them with.
     const void* row_src = kAdd ? static_cast<const void*>(in_store) : in;
     for (int64_t i = tid; i < dim; i += kThreads) {
-      const float v = LoadF32(row_src, in_dtype, in_row + i);
+      const float v = LoadAsF32(in_dtype, row_src, in_row + i);
       const float normed = RoundTo(in_dtype, __fmul_rn(v, inv_rms));
-      StoreF32(y, y_dtype, y_row + i, __fmul_rn(LoadF32(weight, weight_dtype, i), normed));
+      StoreFromF32(y_dtype, y, y_row + i, __fmul_rn(LoadAsF32(weight_dtype, weight, i), normed));
     }
     __syncthreads();  // `reduce` and inv_rms_shared are reused by the next row
   }
@@ -74,19 +73,19 @@ int Blocks(int64_t rows) { return static_cast<int>(rows < kMaxBlocks ? rows : kM
 
 }  // namespace
 
-cudaError_t LaunchRmsNorm(const void* x, int x_dtype, int64_t x_row_stride, const void* weight,
-                          int weight_dtype, void* y, int y_dtype, int64_t y_row_stride,
+cudaError_t LaunchRmsNorm(const void* x, DType x_dtype, int64_t x_row_stride, const void* weight,
+                          DType weight_dtype, void* y, DType y_dtype, int64_t y_row_stride,
                           int64_t rows, int64_t dim, float eps, cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return cudaSuccess;
   MLAG_LAUNCH(RmsNormKernel<false>, Blocks(rows), kThreads, 0, stream)(
-      nullptr, 0, 0, x, nullptr, x_dtype, x_row_stride, weight, weight_dtype, y,
+      nullptr, DType::kF32, 0, x, nullptr, x_dtype, x_row_stride, weight, weight_dtype, y,
       y_dtype, y_row_stride, rows, dim, eps);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchAddRmsNorm(const void* x, int x_dtype, int64_t x_row_stride, void* residual,
-                             int residual_dtype, int64_t residual_row_stride,
-                             const void* weight, int weight_dtype, void* y, int y_dtype,
+cudaError_t LaunchAddRmsNorm(const void* x, DType x_dtype, int64_t x_row_stride, void* residual,
+                             DType residual_dtype, int64_t residual_row_stride,
+                             const void* weight, DType weight_dtype, void* y, DType y_dtype,
                              int64_t y_row_stride, int64_t rows, int64_t dim, float eps,
                              cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return cudaSuccess;

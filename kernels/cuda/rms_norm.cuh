@@ -8,7 +8,7 @@
 
 namespace mlag::cuda {
 
-// dtype codes follow mlag::DType: 0 f32, 1 bf16, 2 f16. Tensors are
+// Floating dtypes: f32, bf16, f16. Tensors are
 // [rows, dim] with unit-stride rows `*_row_stride` elements apart; weight is
 // [dim] contiguous. Arithmetic matches host::RmsNorm: the sum of squares is
 // accumulated in double, 1 / sqrt(mean + eps) is one correctly rounded f32
@@ -17,15 +17,15 @@ namespace mlag::cuda {
 // One block per row.
 
 // y = RmsNorm(x). y may be x itself (same dtype and row stride).
-cudaError_t LaunchRmsNorm(const void* x, int x_dtype, int64_t x_row_stride, const void* weight,
-                          int weight_dtype, void* y, int y_dtype, int64_t y_row_stride,
+cudaError_t LaunchRmsNorm(const void* x, DType x_dtype, int64_t x_row_stride, const void* weight,
+                          DType weight_dtype, void* y, DType y_dtype, int64_t y_row_stride,
                           int64_t rows, int64_t dim, float eps, cudaStream_t stream);
 
 // residual = round_to_residual_dtype(residual + x); y = RmsNorm(residual).
 // y may be x itself, never residual.
-cudaError_t LaunchAddRmsNorm(const void* x, int x_dtype, int64_t x_row_stride, void* residual,
-                             int residual_dtype, int64_t residual_row_stride,
-                             const void* weight, int weight_dtype, void* y, int y_dtype,
+cudaError_t LaunchAddRmsNorm(const void* x, DType x_dtype, int64_t x_row_stride, void* residual,
+                             DType residual_dtype, int64_t residual_row_stride,
+                             const void* weight, DType weight_dtype, void* y, DType y_dtype,
                              int64_t y_row_stride, int64_t rows, int64_t dim, float eps,
                              cudaStream_t stream);
 

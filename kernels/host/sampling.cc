@@ -93,4 +93,24 @@ void Sample(const Tensor& logits, const Tensor& temperature, const Tensor& top_k
   });
 }
 
+int TopLogprobs(const float* logits, int vocab, int k, int32_t* tokens, float* logprobs) {
+  k = std::max(0, std::min(k, vocab));
+  if (k == 0) return 0;
+  double max_logit = -INFINITY;
+  for (int v = 0; v < vocab; ++v) max_logit = std::max(max_logit, double{logits[v]});
+  double sum = 0.0;
+  for (int v = 0; v < vocab; ++v) sum += std::exp(double{logits[v]} - max_logit);
+  const double log_sum_exp = max_logit + std::log(sum);
+  std::vector<int32_t> ids(static_cast<size_t>(vocab));
+  for (int v = 0; v < vocab; ++v) ids[v] = v;
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  for (int i = 0; i < k; ++i) {
+    tokens[i] = ids[i];
+    logprobs[i] = static_cast<float>(logits[ids[i]] - log_sum_exp);
+  }
+  return k;
+}
+
 }  // namespace mlag::host

@@ -2,6 +2,8 @@
 // the caller (kernels/sampling.cc).
 #pragma once
 
+#include <cstdint>
+
 #include "runtime/core/tensor.h"
 
 namespace mlag::host {
@@ -9,5 +11,12 @@ namespace mlag::host {
 void Sample(const Tensor& logits, const Tensor& temperature, const Tensor& top_k,
             const Tensor& top_p, const Tensor& seeds, const Tensor& steps,
             const Tensor& out_tokens);
+
+// The `k` most likely tokens of one row of logits and their log-probabilities
+// under softmax(logits), most likely first, ties to the lower token id.
+// log-softmax is taken in double (max-shifted log-sum-exp) and rounded once
+// to f32. `k` is clamped to [0, vocab]; returns how many were written to
+// `tokens` and `logprobs` (each with room for k entries).
+int TopLogprobs(const float* logits, int vocab, int k, int32_t* tokens, float* logprobs);
 
 }  // namespace mlag::host

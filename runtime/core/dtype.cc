@@ -4,18 +4,6 @@
 
 namespace mlag {
 
-size_t DTypeSize(DType dtype) {
-  switch (dtype) {
-    case DType::kF32: return 4;
-    case DType::kBF16: return 2;
-    case DType::kF16: return 2;
-    case DType::kI32: return 4;
-    case DType::kI64: return 8;
-    case DType::kU8: return 1;
-  }
-  return 0;
-}
-
 absl::string_view DTypeName(DType dtype) {
   switch (dtype) {
     case DType::kF32: return "f32";

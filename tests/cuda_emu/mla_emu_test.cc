@@ -53,7 +53,7 @@ Outputs RunEmulated(const Dims& d, const Paged& p, const Queries& q, int batch, 
   a.q_pe_stride0 = q.q_pe.stride(0);
   a.q_pe_stride1 = q.q_pe.stride(1);
   a.cache = p.cache.t.data();
-  a.cache_dtype = 1;
+  a.cache_dtype = DType::kBF16;
   a.num_blocks = p.cache.t.size(0);
   a.block_size = p.block_size;
   a.block_table = p.block_table.data<int32_t>();
@@ -225,7 +225,7 @@ cuda::MlaAttentionArgs LauncherArgs(const Dims& d, const Paged& p, const Queries
   a.q_pe_stride0 = q.q_pe.stride(0);
   a.q_pe_stride1 = q.q_pe.stride(1);
   a.cache = p.cache.t.data();
-  a.cache_dtype = static_cast<int>(p.cache.t.dtype());
+  a.cache_dtype = p.cache.t.dtype();
   a.num_blocks = p.cache.t.size(0);
   a.block_size = p.block_size;
   a.block_table = p.block_table.data<int32_t>();
@@ -249,19 +249,6 @@ struct LaunchCase {
   MlaDecodeKernel kernel;
 };
 
-int KernelCode(MlaDecodeKernel k) {
-  switch (k) {
-    case MlaDecodeKernel::kAuto:
-      return cuda::kMlaDecodeAuto;
-    case MlaDecodeKernel::kF32:
-      return cuda::kMlaDecodeF32;
-    case MlaDecodeKernel::kTensorCore:
-      return cuda::kMlaDecodeMma;
-    case MlaDecodeKernel::kTensorCoreBf16Q:
-      return cuda::kMlaDecodeMmaBf16Q;
-  }
-  return -1;
-}
 
 class MlaDecodeLaunchEmuTest : public ::testing::TestWithParam<LaunchCase> {
  protected:
@@ -288,7 +275,7 @@ class MlaDecodeLaunchEmuTest : public ::testing::TestWithParam<LaunchCase> {
     for (bool with_workspace : {true, false}) {
       const Outputs got = PoisonedOutputs(d, batch);
       cuda::MlaAttentionArgs a = LauncherArgs(d, p, q, batch, got);
-      a.decode_kernel = KernelCode(c.kernel);
+      a.decode_kernel = c.kernel;
       const cudaError_t err = cuda::LaunchMlaDecode(
           a, with_workspace ? workspace.data() : nullptr, with_workspace ? ws_bytes : 0, nullptr);
       if (tensor_core && !mma_shapes) {
@@ -393,10 +380,10 @@ TEST(MlaKvUpdateLaunchEmuTest, MatchesHostByteForByte) {
     Owned got = Make(cache_dtype, {blocks, block_size, rkv + dr});
     std::memcpy(got.buffer.data(), want.buffer.data(), want.buffer.bytes());
     ASSERT_TRUE(MlaKvUpdate(HostStream(), kv_c.t, k_pe.t, slots.t, want.t).ok());
-    ASSERT_EQ(cuda::LaunchMlaKvUpdate(kv_c.t.data(), static_cast<int>(DType::kF32), rkv,
-                                      k_pe.t.data(), static_cast<int>(DType::kF32), dr,
+    ASSERT_EQ(cuda::LaunchMlaKvUpdate(kv_c.t.data(), DType::kF32, rkv,
+                                      k_pe.t.data(), DType::kF32, dr,
                                       slots.data<int64_t>(), 1, tokens, got.t.data(),
-                                      static_cast<int>(cache_dtype), blocks * block_size, rkv,
+                                      cache_dtype, blocks * block_size, rkv,
                                       dr, nullptr),
               cudaSuccess);
     EXPECT_EQ(std::memcmp(got.t.data(), want.t.data(), want.t.nbytes()), 0)

@@ -52,7 +52,6 @@ using testing::RandomFloats;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-int Code(DType d) { return static_cast<int>(d); }
 
 Owned FromFloats(DType dtype, const std::vector<float>& v, std::initializer_list<int64_t> shape) {
   Owned o = Make(dtype, shape);
@@ -374,8 +373,8 @@ TEST(RmsNormEmuTest, MatchesHost) {
       Owned got = Make(out_dtype, {T, D});
       testing::PoisonNaN(got);
       ASSERT_TRUE(RmsNorm(HostStream(), x.t, weight.t, 1e-6f, want.t).ok());
-      ASSERT_EQ(cuda::LaunchRmsNorm(x.t.data(), Code(DType::kF32), D, weight.t.data(),
-                                    Code(DType::kBF16), got.t.data(), Code(out_dtype), D, T, D,
+      ASSERT_EQ(cuda::LaunchRmsNorm(x.t.data(), DType::kF32, D, weight.t.data(),
+                                    DType::kBF16, got.t.data(), out_dtype, D, T, D,
                                     1e-6f, nullptr),
                 cudaSuccess);
       ASSERT_EQ(cudaGetLastError(), cudaSuccess);
@@ -388,9 +387,9 @@ TEST(RmsNormEmuTest, MatchesHost) {
       Owned y_got = Make(out_dtype, {T, D});
       testing::PoisonNaN(y_got);
       ASSERT_TRUE(AddRmsNorm(HostStream(), x.t, residual.t, weight.t, 1e-6f, y_want.t).ok());
-      ASSERT_EQ(cuda::LaunchAddRmsNorm(x.t.data(), Code(DType::kF32), D, residual_got.t.data(),
-                                       Code(DType::kF32), D, weight.t.data(), Code(DType::kBF16),
-                                       y_got.t.data(), Code(out_dtype), D, T, D, 1e-6f, nullptr),
+      ASSERT_EQ(cuda::LaunchAddRmsNorm(x.t.data(), DType::kF32, D, residual_got.t.data(),
+                                       DType::kF32, D, weight.t.data(), DType::kBF16,
+                                       y_got.t.data(), out_dtype, D, T, D, 1e-6f, nullptr),
                 cudaSuccess);
       EXPECT_TRUE(SameBytes(residual_got, residual)) << "residual " << what;
       ExpectOutputClose(y_got, y_want, "add_rms_norm " + what);
@@ -407,8 +406,8 @@ TEST(SiluAndMulEmuTest, MatchesHost) {
       Owned got = Make(dtype, {T, I});
       testing::PoisonNaN(got);
       ASSERT_TRUE(SiluAndMul(HostStream(), gate_up.t, want.t).ok());
-      ASSERT_EQ(cuda::LaunchSiluAndMul(gate_up.t.data(), Code(dtype), 2 * I, got.t.data(),
-                                       Code(dtype), I, T, I, nullptr),
+      ASSERT_EQ(cuda::LaunchSiluAndMul(gate_up.t.data(), dtype, 2 * I, got.t.data(),
+                                       dtype, I, T, I, nullptr),
                 cudaSuccess);
       ASSERT_EQ(cudaGetLastError(), cudaSuccess);
       ExpectOutputClose(got, want, std::string("silu_and_mul ") + std::string(DTypeName(dtype)));
@@ -426,8 +425,8 @@ TEST(GatherRowsEmuTest, MatchesHostBitForBit) {
     Owned want = Make(out_dtype, {n, dim});
     Owned got = Make(out_dtype, {n, dim});
     ASSERT_TRUE(GatherRows(HostStream(), idx.t, table.t, want.t).ok());
-    ASSERT_EQ(cuda::LaunchGatherRows(idx.t.data(), false, 1, table.t.data(), Code(DType::kBF16),
-                                     rows, dim, got.t.data(), Code(out_dtype), dim, n, dim,
+    ASSERT_EQ(cuda::LaunchGatherRows(idx.t.data(), false, 1, table.t.data(), DType::kBF16,
+                                     rows, dim, got.t.data(), out_dtype, dim, n, dim,
                                      nullptr),
               cudaSuccess);
     EXPECT_TRUE(SameBytes(got, want)) << DTypeName(out_dtype);
@@ -465,17 +464,17 @@ TEST(ElementwiseEmuTest, FillScaleAddAndZeroMatchHost) {
     Owned b = FromFloats(dtype, RandomFloats(n, 51), {n});
     Owned want = Make(dtype, {n}), got = Make(dtype, {n});
     ASSERT_TRUE(Add(HostStream(), a.t, b.t, want.t).ok());
-    ASSERT_EQ(cuda::LaunchAdd(a.t.data(), Code(dtype), b.t.data(), Code(dtype), got.t.data(),
-                              Code(dtype), n, nullptr),
+    ASSERT_EQ(cuda::LaunchAdd(a.t.data(), dtype, b.t.data(), dtype, got.t.data(),
+                              dtype, n, nullptr),
               cudaSuccess);
     EXPECT_TRUE(SameBytes(got, want)) << "add " << DTypeName(dtype);
     ASSERT_TRUE(Scale(HostStream(), a.t, -0.37f, want.t).ok());
-    ASSERT_EQ(cuda::LaunchScale(a.t.data(), Code(dtype), -0.37f, got.t.data(), Code(dtype), n,
+    ASSERT_EQ(cuda::LaunchScale(a.t.data(), dtype, -0.37f, got.t.data(), dtype, n,
                                 nullptr),
               cudaSuccess);
     EXPECT_TRUE(SameBytes(got, want)) << "scale " << DTypeName(dtype);
     ASSERT_TRUE(Fill(HostStream(), want.t, 2.75).ok());
-    ASSERT_EQ(cuda::LaunchFill(got.t.data(), Code(dtype), n, 2.75, nullptr), cudaSuccess);
+    ASSERT_EQ(cuda::LaunchFill(got.t.data(), dtype, n, 2.75, nullptr), cudaSuccess);
     EXPECT_TRUE(SameBytes(got, want)) << "fill " << DTypeName(dtype);
   }
   // LaunchZeroF32 over a strided [3, 4, 5] view of a [3, 6, 7] buffer: the

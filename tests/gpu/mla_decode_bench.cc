@@ -18,13 +18,13 @@
 #include <random>
 #include <vector>
 
-#include "kernels/common/half.h"
+#include "runtime/core/scalar_types.h"
 #include "kernels/mla_attention.h"
 #include "mlag_config.h"
 #include "runtime/core/device.h"
 #include "runtime/core/stream.h"
 #include "runtime/core/tensor.h"
-#include "runtime/memory_bandwidth.h"
+#include "examples/mlag/memory_bandwidth.h"
 
 #if MLAG_HAVE_CUDA
 #include <cuda_runtime.h>

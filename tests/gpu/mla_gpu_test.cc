@@ -20,7 +20,7 @@
 // distance from the host kernel plus the f32 tolerance above, and the model
 // itself must stay within the documented precision (2e-2 for a bf16 q,
 // 4e-3 for the split q).
-#include "kernels/common/half.h"
+#include "runtime/core/scalar_types.h"
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

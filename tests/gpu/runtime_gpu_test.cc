@@ -8,8 +8,8 @@
 
 #include "gtest/gtest.h"
 #include "mlag_config.h"
-#include "runtime/engine.h"
-#include "runtime/expert_parallel.h"
+#include "runtime/engine/engine.h"
+#include "runtime/engine/expert_parallel.h"
 #if MLAG_HAVE_NCCL
 #include "comm/local_communicator.h"
 #include "comm/nccl_communicator.h"

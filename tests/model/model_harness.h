@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "layers/deepseek_model.h"
 #include "runtime/core/status.h"
-#include "runtime/model_loader.h"
+#include "runtime/checkpoint/model_loader.h"
 #include "tests/test_util.h"
 
 namespace mlag::testing {

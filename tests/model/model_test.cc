@@ -6,14 +6,15 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
 
 #include "gtest/gtest.h"
-#include "runtime/builtin_models.h"
-#include "runtime/model_loader.h"
-#include "runtime/safetensors.h"
+#include "runtime/checkpoint/builtin_models.h"
+#include "runtime/checkpoint/model_loader.h"
+#include "runtime/checkpoint/safetensors.h"
 #include "tests/model/model_harness.h"
 
 namespace mlag {
@@ -234,9 +235,7 @@ TEST_F(MalformedCheckpointTest, TruncatedFileIsNamed) {
   const std::string dir = TempDir("truncated");
   ASSERT_EQ(std::system(("cp -r '" + good_ + "' '" + dir + "'").c_str()), 0);
   const std::string file = dir + "/model.safetensors";
-  std::ifstream in(file, std::ios::binary | std::ios::ate);
-  const auto size = static_cast<long>(in.tellg());
-  in.close();
+  const auto size = static_cast<off_t>(std::filesystem::file_size(file));
   ASSERT_EQ(::truncate(file.c_str(), size / 2), 0);
   absl::Status s = Load(dir);
   ASSERT_FALSE(s.ok());

@@ -25,8 +25,8 @@
 
 #include "gtest/gtest.h"
 #include "layers/model_config.h"
-#include "runtime/builtin_models.h"
-#include "runtime/model_loader.h"
+#include "runtime/checkpoint/builtin_models.h"
+#include "runtime/checkpoint/model_loader.h"
 #include "tests/model/model_harness.h"
 #include "tests/test_util.h"
 

@@ -6,7 +6,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 
 namespace mlag {
 namespace {

@@ -12,8 +12,8 @@
 #include "absl/time/clock.h"
 #include "comm/local_communicator.h"
 #include "gtest/gtest.h"
-#include "runtime/builtin_models.h"
-#include "runtime/expert_parallel.h"
+#include "runtime/checkpoint/builtin_models.h"
+#include "runtime/engine/expert_parallel.h"
 
 namespace mlag {
 namespace {
@@ -56,12 +56,7 @@ EpRunResult RunSingle(const EngineOptions& options, const std::vector<RequestSpe
   while (engine->HasUnfinished()) EXPECT_TRUE(engine->Step().ok());
   EpRunResult r;
   for (size_t i = 0; i < specs.size(); ++i) {
-    const Request* q = engine->request(static_cast<RequestId>(i));
-    EpRequestResult out;
-    out.id = q->id;
-    out.output_tokens = q->output_tokens();
-    out.logprobs = q->logprobs;
-    r.requests.push_back(out);
+    r.requests.push_back(ResultOf(*engine->request(static_cast<RequestId>(i))));
   }
   return r;
 }
@@ -97,7 +92,7 @@ TEST_P(ExpertParallelTest, SameTokensAndLogitsAsOneRank) {
     ASSERT_EQ(result->requests.size(), specs.size());
     double worst = 0;
     for (size_t i = 0; i < specs.size(); ++i) {
-      const EpRequestResult& got = result->requests[i];
+      const RequestResult& got = result->requests[i];
       ASSERT_EQ(got.id, static_cast<RequestId>(i));
       EXPECT_EQ(got.output_tokens, single.requests[i].output_tokens) << "world " << world;
       ASSERT_EQ(got.logprobs.size(), single.requests[i].logprobs.size());

@@ -10,8 +10,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "runtime/block_pool.h"
-#include "runtime/kv_cache_manager.h"
+#include "runtime/engine/block_pool.h"
+#include "runtime/engine/kv_cache_manager.h"
 
 namespace mlag {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "runtime/model_config_json.h"
+#include "runtime/checkpoint/model_config_json.h"
 
 namespace mlag {
 namespace {

@@ -1,6 +1,7 @@
 // safetensors reader/writer and checkpoint directories: round trips, sharding,
 // and every malformed input giving a Status that names the file (and tensor).
-#include "runtime/safetensors.h"
+#include "runtime/checkpoint/safetensors.h"
+#include "runtime/core/file.h"
 
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -44,10 +45,7 @@ void WriteBytes(const std::string& path, const std::string& bytes) {
   ASSERT_TRUE(out.good()) << path;
 }
 
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+std::string ReadBytes(const std::string& path) { return ReadFile(path).value(); }
 
 std::string LengthPrefix(uint64_t n) {
   std::string s(8, '\0');

@@ -1,0 +1,279 @@
+// mlag bench: decode step latency and tokens/s per batch size with graphs and
+// eagerly, prefill tokens/s, and achieved bytes/s against a memory-bandwidth
+// ceiling measured in the same run.
+//
+//   mlag bench --model M [--batch-sizes 1,8,32] [--context-len N] [--json]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "examples/mlag/cli.h"
+#include "examples/mlag/memory_bandwidth.h"
+#include "runtime/core/status.h"
+#include "runtime/engine/model_runner.h"
+
+namespace mlag::cli {
+namespace {
+
+struct BenchFlags {
+  std::string model;
+  std::string device = "auto";
+  std::vector<int> batch_sizes = {1, 2, 4, 8, 16, 32};
+  // Cached tokens per decode sequence; 0: 512, or less when the model's
+  // max_position_embeddings is smaller.
+  int context_len = 0;
+  int steps = 8;          // timed decode steps per batch size and mode
+  int prefill_len = 128;  // tokens of the prefill measurement (capped like context_len)
+  double bandwidth_gib = 2.0;
+  bool json = false;
+};
+
+
+using Clock = std::chrono::steady_clock;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+struct DecodeResult {
+  int batch = 0;
+  double graph_ms = 0, eager_ms = 0;
+  double bytes = 0;           // per step
+  int experts_touched = 0;    // summed over MoE layers
+};
+
+// The decode batch: `batch` sequences with `context` tokens already cached,
+// each computing one new token. Sequence b owns blocks [1 + b*nb, 1 + (b+1)*nb).
+struct DecodeBatch {
+  std::vector<std::vector<int>> tables;
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<StepSequence> seqs;
+
+  DecodeBatch(int batch, int context, int blocks_per_seq, int vocab, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int32_t> tok(0, vocab - 1);
+    tables.resize(batch);
+    tokens.resize(batch);
+    seqs.resize(batch);
+    for (int b = 0; b < batch; ++b) {
+      for (int j = 0; j < blocks_per_seq; ++j) tables[b].push_back(1 + b * blocks_per_seq + j);
+      tokens[b] = {tok(rng)};
+      seqs[b].new_tokens = tokens[b];
+      seqs[b].start_position = context;  // the same position every step: steady timing
+      seqs[b].block_table = tables[b];
+      seqs[b].sample = true;
+    }
+  }
+};
+
+absl::StatusOr<double> TimeSteps(ModelRunner& runner, const DecodeBatch& batch, int steps) {
+  for (int i = 0; i < 2; ++i) MLAG_RETURN_IF_ERROR(runner.Execute(batch.seqs).status());
+  std::vector<double> ms;
+  for (int i = 0; i < steps; ++i) {
+    auto t0 = Clock::now();
+    MLAG_RETURN_IF_ERROR(runner.Execute(batch.seqs).status());
+    ms.push_back(1e3 * std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return Median(ms);
+}
+
+absl::Status Bench(BenchFlags f) {
+  if (f.batch_sizes.empty()) return absl::InvalidArgumentError("--batch-sizes is empty");
+  const int max_batch = *std::max_element(f.batch_sizes.begin(), f.batch_sizes.end());
+  MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, Device::Create(f.device));
+  MLAG_ASSIGN_OR_RETURN(BandwidthMeasurement bw,
+                        MeasureMemoryBandwidth(*device, static_cast<size_t>(f.bandwidth_gib * (1 << 30))));
+
+  MLAG_ASSIGN_OR_RETURN(ModelSource source, OpenModel(f.model));
+  const ModelConfig& mc = source.config;
+  if (f.context_len == 0) {
+    f.context_len = std::min(512, mc.max_position_embeddings - 1);
+    f.prefill_len = std::min(f.prefill_len, mc.max_position_embeddings);
+  }
+  RunnerConfig rc;
+  rc.block_size = 64;
+  rc.max_model_len = std::max(f.context_len + 1, f.prefill_len);
+  if (rc.max_model_len > mc.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("--context-len ", f.context_len,
+                                                   " exceeds the model's max_position_embeddings ",
+                                                   mc.max_position_embeddings));
+  }
+  const int blocks_per_seq = (rc.max_model_len + rc.block_size - 1) / rc.block_size;
+  rc.num_blocks = 1 + std::max(max_batch, 1) * blocks_per_seq;
+  rc.max_num_seqs = max_batch;
+  rc.max_num_batched_tokens = std::max(max_batch, f.prefill_len);
+  rc.graph_mode = GraphMode::kFullDecode;
+  rc.capture_sizes = f.batch_sizes;
+  rc.kv_dtype = device->is_cuda() ? DType::kBF16 : DType::kF32;
+  auto t_build = Clock::now();
+  MLAG_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
+                        ModelRunner::Create(source, device.get(), rc));
+  const double build_s = std::chrono::duration<double>(Clock::now() - t_build).count();
+  MLAG_RETURN_IF_ERROR(runner->FillKvCache(7));
+  MLAG_RETURN_IF_ERROR(runner->CaptureGraphs());
+  const double capture_s = runner->stats().capture_seconds;
+
+  // Bytes a decode step must read: every weight except the embedding and
+  // rope tables (a step reads B rows of each) and the routed experts (only
+  // those the batch routes to), plus the KV cache of every sequence.
+  const DeepseekModel::WeightBytes wb = runner->model().weight_breakdown();
+  const double fixed_bytes = static_cast<double>(wb.total - wb.embedding - wb.rope_table) -
+                             static_cast<double>(wb.routed_layers) * wb.local_experts *
+                                 wb.routed_expert;
+  const double row_bytes = static_cast<double>(mc.hidden_size) * sizeof(float);
+  const double kv_token_bytes = static_cast<double>(runner->kv_bytes_per_token());
+
+  std::vector<DecodeResult> results;
+  for (int b : f.batch_sizes) {
+    DecodeBatch batch(b, f.context_len, blocks_per_seq, mc.vocab_size, 100 + b);
+    DecodeResult r;
+    r.batch = b;
+    MLAG_ASSIGN_OR_RETURN(r.graph_ms, TimeSteps(*runner, batch, f.steps));
+    results.push_back(r);
+  }
+  // Routing of each batch (an eager step with recording on) and eager timing.
+  runner->DropGraphs();
+  for (DecodeResult& r : results) {
+    DecodeBatch batch(r.batch, f.context_len, blocks_per_seq, mc.vocab_size, 100 + r.batch);
+    std::vector<std::vector<int32_t>> routing;
+    runner->model().RecordRouting(&routing);
+    absl::Status s = runner->Execute(batch.seqs).status();
+    runner->model().RecordRouting(nullptr);
+    MLAG_RETURN_IF_ERROR(s);
+    for (const auto& layer : routing) {
+      // Only the batch's real rows count: padding rows are not part of it.
+      const size_t real = std::min(layer.size(), static_cast<size_t>(r.batch) * mc.num_experts_per_tok);
+      r.experts_touched += static_cast<int>(std::set<int32_t>(layer.begin(), layer.begin() + real).size());
+    }
+    r.bytes = fixed_bytes + r.experts_touched * static_cast<double>(wb.routed_expert) +
+              r.batch * row_bytes + r.batch * (f.context_len + 1) * kv_token_bytes;
+    MLAG_ASSIGN_OR_RETURN(r.eager_ms, TimeSteps(*runner, batch, f.steps));
+  }
+
+  // Prefill: one sequence of prefill_len tokens, eager.
+  std::vector<int32_t> prompt(f.prefill_len);
+  std::mt19937 rng(3);
+  for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % mc.vocab_size);
+  std::vector<int> table;
+  for (int j = 0; j < (f.prefill_len + rc.block_size - 1) / rc.block_size; ++j) table.push_back(1 + j);
+  StepSequence pre;
+  pre.new_tokens = prompt;
+  pre.block_table = table;
+  pre.sample = true;
+  MLAG_RETURN_IF_ERROR(runner->Execute({&pre, 1}).status());
+  std::vector<double> pre_ms;
+  for (int i = 0; i < 3; ++i) {
+    auto t0 = Clock::now();
+    MLAG_RETURN_IF_ERROR(runner->Execute({&pre, 1}).status());
+    pre_ms.push_back(1e3 * std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  const double prefill_tok_s = f.prefill_len / (Median(pre_ms) / 1e3);
+
+  double tok_s_1 = 0;
+  for (const DecodeResult& r : results) {
+    if (r.batch == 1) tok_s_1 = 1e3 / r.graph_ms;
+  }
+
+  if (f.json) {
+    nlohmann::json j;
+    j["machine"] = {{"device", device->name()},
+                    {"bandwidth_gb_s", bw.bytes_per_second / 1e9},
+                    {"bandwidth_method", bw.method},
+                    {"read_sum_gb_s", bw.read_sum_bytes_per_second / 1e9},
+                    {"gemv_gb_s", bw.gemv_bytes_per_second / 1e9},
+                    {"bandwidth_buffer_bytes", bw.bytes}};
+    j["model"] = {{"name", source.description},
+                  {"layers", mc.num_hidden_layers},
+                  {"hidden", mc.hidden_size},
+                  {"heads", mc.num_attention_heads},
+                  {"routed_experts", mc.n_routed_experts},
+                  {"top_k", mc.num_experts_per_tok},
+                  {"weight_bytes", wb.total}};
+    j["context_len"] = f.context_len;
+    j["steps"] = f.steps;
+    j["build_seconds"] = build_s;
+    j["capture_seconds"] = capture_s;
+    j["decode"] = nlohmann::json::array();
+    for (const DecodeResult& r : results) {
+      const double gbs = r.bytes / (r.graph_ms / 1e3) / 1e9;
+      j["decode"].push_back({{"batch", r.batch},
+                             {"graph_ms", r.graph_ms},
+                             {"eager_ms", r.eager_ms},
+                             {"graph_tokens_per_s", r.batch / (r.graph_ms / 1e3)},
+                             {"eager_tokens_per_s", r.batch / (r.eager_ms / 1e3)},
+                             {"graph_speedup", r.eager_ms / r.graph_ms},
+                             {"bytes_per_step", r.bytes},
+                             {"experts_touched", r.experts_touched},
+                             {"achieved_gb_s", gbs},
+                             {"fraction_of_bandwidth", gbs * 1e9 / bw.bytes_per_second},
+                             {"tokens_per_s_vs_batch1",
+                              tok_s_1 > 0 ? r.batch / (r.graph_ms / 1e3) / tok_s_1 : 0.0}});
+    }
+    j["prefill"] = {{"tokens", f.prefill_len}, {"ms", Median(pre_ms)}, {"tokens_per_s", prefill_tok_s}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return absl::OkStatus();
+  }
+  std::printf("machine: %s; memory bandwidth %.2f GB/s (%s, %.1f GiB buffer, best of 5",
+              device->name().c_str(), bw.bytes_per_second / 1e9, bw.method, f.bandwidth_gib);
+  if (!device->is_cuda()) {
+    std::printf("; read-sum %.2f GB/s, matrix-vector %.2f GB/s", bw.read_sum_bytes_per_second / 1e9,
+                bw.gemv_bytes_per_second / 1e9);
+  }
+  std::printf(")\n");
+  std::printf("model: %s: %d layers, hidden %d, %d heads, %d routed experts top-%d, "
+              "%.2f GB of f32 weights\n",
+              source.description.c_str(), mc.num_hidden_layers, mc.hidden_size,
+              mc.num_attention_heads, mc.n_routed_experts, mc.num_experts_per_tok, wb.total / 1e9);
+  std::printf("decode at context %d, median of %d steps; built in %.1f s, %zu graphs captured "
+              "in %.3f s\n\n",
+              f.context_len, f.steps, build_s, f.batch_sizes.size(), capture_s);
+  std::printf("%6s %10s %10s %8s %12s %12s %9s %8s %9s %7s %9s\n", "batch", "graph ms",
+              "eager ms", "speedup", "graph tok/s", "eager tok/s", "vs b=1", "experts",
+              "GB/step", "GB/s", "of bw");
+  for (const DecodeResult& r : results) {
+    const double gbs = r.bytes / (r.graph_ms / 1e3) / 1e9;
+    std::printf("%6d %10.2f %10.2f %7.2fx %12.1f %12.1f %8.2fx %8d %9.3f %7.2f %8.1f%%\n",
+                r.batch, r.graph_ms, r.eager_ms, r.eager_ms / r.graph_ms,
+                r.batch / (r.graph_ms / 1e3), r.batch / (r.eager_ms / 1e3),
+                tok_s_1 > 0 ? r.batch / (r.graph_ms / 1e3) / tok_s_1 : 0.0, r.experts_touched,
+                r.bytes / 1e9, gbs, 100.0 * gbs * 1e9 / bw.bytes_per_second);
+  }
+  std::printf("\nprefill: %d tokens in %.1f ms: %.1f tokens/s\n", f.prefill_len, Median(pre_ms),
+              prefill_tok_s);
+  std::printf("bytes/step = weights read (routed experts: those the batch routes to) + "
+              "KV cache of the batch; 'of bw' = achieved / measured bandwidth\n");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Command AddBenchCommand(CLI::App& app) {
+  auto f = std::make_shared<BenchFlags>();
+  CLI::App* bench = app.add_subcommand("bench", "decode latency and tokens/s per batch size");
+  bench->add_option("--model", f->model, ModelHelp())->required();
+  bench->add_option("--device", f->device, "auto, host, cuda or cuda:N");
+  bench->add_option("--batch-sizes", f->batch_sizes, "comma-separated batch sizes")
+      ->delimiter(',')
+      ->check(AtLeast(1));
+  bench->add_option("--context-len", f->context_len,
+                    "cached tokens per sequence (default 512, capped by the model)")
+      ->check(AtLeast(0));
+  bench->add_option("--steps", f->steps, "timed decode steps per batch size")->check(AtLeast(1));
+  bench->add_option("--prefill-len", f->prefill_len, "tokens of the prefill run")
+      ->check(AtLeast(1));
+  bench->add_option("--bandwidth-gib", f->bandwidth_gib,
+                    "buffer of the bandwidth measurement (GiB)")
+      ->check(CLI::PositiveNumber);
+  bench->add_flag("--json", f->json, "print JSON");
+  return {bench, [f] {
+            absl::Status s = Bench(*f);
+            return s.ok() ? 0 : Fail(s);
+          }};
+}
+
+}  // namespace mlag::cli

@@ -1,0 +1,82 @@
+#include "examples/mlag/cli.h"
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "runtime/checkpoint/builtin_models.h"
+#include "runtime/core/status.h"
+
+namespace mlag::cli {
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "mlag: error: %s\n", std::string(status.message()).c_str());
+  return kExitUsage;
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::string ModelHelp() {
+  return absl::StrCat("built-in model (", absl::StrJoin(BuiltinModelNames(), ", "),
+                      ") or checkpoint directory");
+}
+
+CLI::Validator AtLeast(double min) {
+  return CLI::Validator(
+      [min](std::string& value) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(value, v) || !(v >= min)) {
+          return absl::StrCat("value ", value, " must be >= ", min);
+        }
+        return "";
+      },
+      absl::StrCat(">=", min));
+}
+
+CLI::Validator UnitInterval() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(value, v) || !(v > 0.0 && v <= 1.0)) {
+          return absl::StrCat("value ", value, " must be in (0, 1]");
+        }
+        return "";
+      },
+      "(0,1]");
+}
+
+void EngineFlags::Register(CLI::App* app) {
+  app->add_option("--model", model, ModelHelp())->required();
+  app->add_option("--device", device, "auto, host, cuda or cuda:N");
+  app->add_option("--graph-mode", graph_mode, "full-decode (default) or none");
+  app->add_option("--kv-cache-bytes", kv_cache_bytes, "bytes of KV cache")->check(AtLeast(1));
+  app->add_option("--max-num-seqs", max_num_seqs, "most sequences per step")->check(AtLeast(1));
+  app->add_option("--max-num-batched-tokens", max_num_batched_tokens,
+                  "token budget per step (chunked prefill)")
+      ->check(AtLeast(1));
+  app->add_option("--block-size", block_size, "tokens per KV block")->check(AtLeast(1));
+  app->add_option("--max-model-len", max_model_len, "longest sequence (0: model default)")
+      ->check(AtLeast(0));
+  app->add_flag("--no-prefix-caching", no_prefix_caching, "disable prefix caching");
+  app->add_option("--kv-cache-dtype", kv_cache_dtype,
+                  "auto (bf16 on CUDA, f32 on the host), f32 or bf16");
+}
+
+absl::StatusOr<EngineOptions> EngineFlags::ToOptions() const {
+  EngineOptions o;
+  o.model = model;
+  o.device = device;
+  MLAG_ASSIGN_OR_RETURN(o.graph_mode, ParseGraphMode(graph_mode));
+  o.kv_cache_bytes = static_cast<size_t>(kv_cache_bytes);
+  o.max_num_seqs = max_num_seqs;
+  o.max_num_batched_tokens = max_num_batched_tokens;
+  o.block_size = block_size;
+  o.max_model_len = max_model_len;
+  o.enable_prefix_caching = !no_prefix_caching;
+  o.kv_cache_dtype = kv_cache_dtype;
+  return o;
+}
+
+}  // namespace mlag::cli

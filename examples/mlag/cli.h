@@ -1,0 +1,67 @@
+// What the subcommands of mlag share: the one-line error convention, the
+// engine flags (declared once, with their ranges) and the subcommand type.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "runtime/engine/engine.h"
+
+namespace mlag::cli {
+
+// Exit code of every error from a flag, a file or a model.
+inline constexpr int kExitUsage = 2;
+
+// Prints "mlag: error: <message>" on one line of stderr; returns kExitUsage.
+int Fail(const absl::Status& status);
+
+double SecondsSince(std::chrono::steady_clock::time_point start);
+
+// "built-in model (tiny-v3, tiny-v2, ...) or checkpoint directory", from the
+// list of built-in models.
+std::string ModelHelp();
+
+// Flag validators, so that a value out of range fails while parsing with
+// CLI11's one-line message naming the flag.
+CLI::Validator AtLeast(double min);              // [min, inf)
+CLI::Validator UnitInterval();                   // (0, 1]
+
+// The flags every command that builds an engine takes.
+struct EngineFlags {
+  std::string model;
+  std::string device = "auto";
+  std::string graph_mode = "full-decode";
+  int64_t kv_cache_bytes = int64_t{256} << 20;
+  int max_num_seqs = 64;
+  int max_num_batched_tokens = 512;
+  int block_size = 64;
+  int max_model_len = 0;
+  bool no_prefix_caching = false;
+  std::string kv_cache_dtype = "auto";
+
+  void Register(CLI::App* app);
+  // The engine options; the values were range-checked while parsing, the
+  // rest (graph mode, device, dtype names, sizes against the model) is
+  // checked by Engine::Create.
+  absl::StatusOr<EngineOptions> ToOptions() const;
+};
+
+// A subcommand: its CLI11 app, and what to run when it was given.
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<int()> run;
+};
+
+// Each adds its subcommand to `app` (one file each: run.cc, graphs.cc,
+// bench.cc, export.cc, info.cc).
+Command AddRunCommand(CLI::App& app);
+Command AddGraphsCommand(CLI::App& app);
+Command AddBenchCommand(CLI::App& app);
+Command AddExportCommand(CLI::App& app);
+Command AddInfoCommand(CLI::App& app);
+
+}  // namespace mlag::cli

@@ -1,0 +1,64 @@
+// mlag info: build a model on a device and describe it: shapes, MLA and MoE
+// settings, tensors and the bytes of its weights.
+//
+//   mlag info --model M [--device D]
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "examples/mlag/cli.h"
+#include "runtime/checkpoint/hf_layout.h"
+#include "runtime/checkpoint/model_loader.h"
+
+namespace mlag::cli {
+namespace {
+
+struct InfoFlags {
+  std::string model;
+  std::string device = "auto";
+};
+
+int Info(const InfoFlags& f) {
+  absl::StatusOr<std::unique_ptr<Device>> device = Device::Create(f.device);
+  if (!device.ok()) return Fail(device.status());
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<ModelSource> source = OpenModel(f.model);
+  if (!source.ok()) return Fail(source.status());
+  ModelOptions options;
+  options.max_tokens = 64;
+  options.max_seqs = 8;
+  absl::StatusOr<std::unique_ptr<DeepseekModel>> built =
+      BuildModel(*source, device->get(), options);
+  if (!built.ok()) return Fail(built.status());
+  const double seconds = SecondsSince(t0);
+  const ModelConfig& c = source->config;
+  int moe_layers = 0;
+  for (int i = 0; i < c.num_hidden_layers; ++i) moe_layers += c.IsMoeLayer(i) ? 1 : 0;
+  std::printf("model: %s (%s)\n", source->description.c_str(), c.model_type.c_str());
+  std::printf("device: %s — %s\n", (*device)->name().c_str(),
+              (*device)->selection_reason().c_str());
+  std::printf("layers: %d (%d MoE), hidden %d, heads %d, vocab %d\n", c.num_hidden_layers,
+              moe_layers, c.hidden_size, c.num_attention_heads, c.vocab_size);
+  std::printf("MLA: q_lora %d, kv_lora %d, nope %d, rope %d, v %d, softmax scale %.6f\n",
+              c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim, c.qk_rope_head_dim,
+              c.v_head_dim, (*built)->attention(0).softmax_scale());
+  std::printf("MoE: %d routed experts, top-%d, %d shared, expert width %d\n", c.n_routed_experts,
+              c.num_experts_per_tok, c.n_shared_experts, c.moe_intermediate_size);
+  std::printf("tensors: %zu, weights on device: %.1f MiB (f32)\n", ExpectedTensors(c).size(),
+              (*built)->weight_bytes() / 1048576.0);
+  std::printf("built in %.2f s\n", seconds);
+  return 0;
+}
+
+}  // namespace
+
+Command AddInfoCommand(CLI::App& app) {
+  auto f = std::make_shared<InfoFlags>();
+  CLI::App* info = app.add_subcommand("info", "build a model and describe it");
+  info->add_option("--model", f->model, ModelHelp())->required();
+  info->add_option("--device", f->device, "auto, host, cuda or cuda:N");
+  return {info, [f] { return Info(*f); }};
+}
+
+}  // namespace mlag::cli

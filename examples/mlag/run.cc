@@ -1,0 +1,267 @@
+// mlag run: serve a batch of requests (synthetic prompts or a prompts file)
+// on one engine or an expert-parallel world, and print the run report.
+//
+//   mlag run --model M [--num-requests N --prompt-len L --shared-prefix-len P --seed S
+//                       | --prompts FILE] --max-tokens T [engine, sampling, --ep flags] [--json]
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "examples/mlag/cli.h"
+#include "examples/mlag/run_report.h"
+#include "mlag_config.h"
+#include "runtime/checkpoint/model_loader.h"
+#include "runtime/core/file.h"
+#include "runtime/core/status.h"
+#include "runtime/engine/expert_parallel.h"
+#if MLAG_HAVE_MPI
+#include "comm/mpi_communicator.h"
+#endif
+
+namespace mlag::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct RunFlags {
+  EngineFlags engine;
+  int num_requests = 8;
+  int prompt_len = 32;
+  int shared_prefix_len = 0;
+  uint64_t seed = 0;
+  std::string prompts_file;
+  int max_tokens = 16;
+  float temperature = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  int logprobs = 0;
+  std::vector<int> stop_tokens;
+  bool json = false;
+  int ep = 0;  // expert-parallel ranks; 0 = off
+  std::string ep_backend = "local";
+  std::vector<std::string> reconfigure_at;
+};
+
+absl::StatusOr<std::vector<std::vector<int32_t>>> ReadPromptsFile(const std::string& path) {
+  MLAG_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  std::vector<std::vector<int32_t>> prompts;
+  int line_no = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_no;
+    std::vector<int32_t> ids;
+    for (absl::string_view word : absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty())) {
+      int32_t id;
+      if (!absl::SimpleAtoi(word, &id)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ":", line_no, ": '", word, "' is not a token id"));
+      }
+      ids.push_back(id);
+    }
+    if (!ids.empty()) prompts.push_back(std::move(ids));  // blank lines separate nothing
+  }
+  if (prompts.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no prompts"));
+  return prompts;
+}
+
+std::vector<std::vector<int32_t>> SyntheticPrompts(const RunFlags& f, int vocab) {
+  std::mt19937_64 rng(f.seed);
+  std::uniform_int_distribution<int32_t> token(0, vocab - 1);
+  std::vector<int32_t> prefix(std::min(f.shared_prefix_len, f.prompt_len));
+  for (int32_t& t : prefix) t = token(rng);
+  std::vector<std::vector<int32_t>> prompts(f.num_requests);
+  for (auto& p : prompts) {
+    p = prefix;
+    while (static_cast<int>(p.size()) < f.prompt_len) p.push_back(token(rng));
+  }
+  return prompts;
+}
+
+// Request i: its prompt and the run's sampling, with a seed of its own so
+// its tokens do not depend on which requests share its steps.
+RequestSpec MakeSpec(const RunFlags& f, const std::vector<int32_t>& prompt, size_t index) {
+  RequestSpec spec;
+  spec.prompt = prompt;
+  spec.max_tokens = f.max_tokens;
+  spec.stop_token_ids.assign(f.stop_tokens.begin(), f.stop_tokens.end());
+  spec.sampling.temperature = f.temperature;
+  spec.sampling.top_k = f.top_k;
+  spec.sampling.top_p = f.top_p;
+  spec.sampling.seed = f.seed * 1000003ull + index;
+  spec.sampling.logprobs = f.logprobs;
+  return spec;
+}
+
+// One engine in this process, stepped to completion with a progress bar on
+// a terminal.
+absl::Status RunSingle(const RunFlags& f, const EngineOptions& options,
+                       const std::vector<RequestSpec>& specs, RunReport* report) {
+  MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(options));
+  std::vector<RequestId> ids;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    absl::StatusOr<RequestId> id = engine->AddRequest(specs[i]);
+    if (!id.ok()) {
+      return absl::Status(id.status().code(),
+                          absl::StrCat("request ", i, ": ", id.status().message()));
+    }
+    ids.push_back(*id);
+  }
+  const bool progress = !f.json && isatty(STDERR_FILENO);
+  const auto t_run = Clock::now();
+  int64_t tokens_out = 0;
+  while (engine->HasUnfinished()) {
+    const auto t0 = Clock::now();
+    absl::StatusOr<StepOutput> out = engine->Step();
+    if (!out.ok()) return absl::Status(out.status().code(), absl::StrCat("step failed: ", out.status().message()));
+    report->step_ms.push_back(1e3 * SecondsSince(t0));
+    tokens_out += static_cast<int64_t>(out->new_tokens.size());
+    if (progress) {
+      int done = 0;
+      for (RequestId id : ids) done += engine->request(id)->finished() ? 1 : 0;
+      const int width = 30, filled = static_cast<int>(width * done / ids.size());
+      std::fprintf(stderr, "\r[%s%s] %d/%zu requests, %lld tokens",
+                   std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
+                   done, ids.size(), static_cast<long long>(tokens_out));
+    }
+  }
+  report->run_seconds = SecondsSince(t_run);
+  if (progress) std::fprintf(stderr, "\n");
+
+  const EngineStats stats = engine->Stats();
+  for (RequestId id : ids) report->requests.push_back(ResultOf(*engine->request(id)));
+  report->model = engine->model_description();
+  report->device = absl::StrCat(engine->device().name(), " (", engine->device().selection_reason(), ")");
+  report->tokens_out = tokens_out;
+  report->steps = report->engine_steps = stats.steps;
+  report->eager_steps = stats.eager_steps;
+  report->dummy_steps = stats.dummy_steps;
+  report->preemptions = stats.preemptions;
+  report->graph_replays = stats.graph_replays;
+  report->prefix_cache_hit_rate = stats.prefix_cache_hit_rate;
+  report->capture_seconds = stats.capture_seconds;
+  report->num_graphs = stats.num_graphs;
+  report->kv_blocks_total = stats.kv_blocks_total;
+  report->kv_blocks_used = stats.kv_blocks_used;
+  report->kv_block_size = stats.kv_block_size;
+  report->kv_bytes_per_token = stats.kv_bytes_per_token;
+  return absl::OkStatus();
+}
+
+// The requests spread over f.ep expert-parallel ranks: thread ranks
+// (--ep-backend local) or mpirun processes (mpi). Only rank 0 prints.
+absl::Status RunExpertParallel(const RunFlags& f, const EngineOptions& options,
+                               const std::vector<RequestSpec>& specs, RunReport* report,
+                               bool* prints) {
+  EpOptions ep;
+  ep.world = f.ep;
+  for (const std::string& text : f.reconfigure_at) {
+    MLAG_ASSIGN_OR_RETURN(ReconfigureAt r, ParseReconfigureAt(text));
+    if (r.size > f.ep) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--reconfigure-at ", text, ": size ", r.size, " exceeds --ep ", f.ep));
+    }
+    ep.reconfigure.push_back(r);
+  }
+  std::stable_sort(ep.reconfigure.begin(), ep.reconfigure.end(),
+                   [](const ReconfigureAt& a, const ReconfigureAt& b) { return a.step < b.step; });
+  const auto t0 = Clock::now();
+  absl::StatusOr<EpRunResult> result;
+  if (f.ep_backend == "local") {
+    result = RunLocalExpertParallel(options, ep, specs);
+  } else if (f.ep_backend == "mpi") {
+#if MLAG_HAVE_MPI
+    MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, MpiCommunicator::World());
+    *prints = world->rank() == 0;
+    MLAG_ASSIGN_OR_RETURN(std::unique_ptr<EpRank> rank, EpRank::Create(world.get(), options, ep));
+    result = rank->Run(specs);
+#else
+    return absl::FailedPreconditionError("--ep-backend mpi: built without MPI");
+#endif
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown --ep-backend '", f.ep_backend, "' (expected local or mpi)"));
+  }
+  MLAG_RETURN_IF_ERROR(result.status());
+  report->run_seconds = SecondsSince(t0);
+  AddExpertParallelResult(*result, report);
+  report->ep = f.ep;
+  report->ep_backend = f.ep_backend;
+  return absl::OkStatus();
+}
+
+int Run(const RunFlags& f) {
+  absl::StatusOr<EngineOptions> options = f.engine.ToOptions();
+  if (!options.ok()) return Fail(options.status());
+  if (f.shared_prefix_len > f.prompt_len) {
+    return Fail(absl::InvalidArgumentError("--shared-prefix-len must be in [0, --prompt-len]"));
+  }
+  std::vector<std::vector<int32_t>> prompts;
+  if (!f.prompts_file.empty()) {
+    absl::StatusOr<std::vector<std::vector<int32_t>>> read = ReadPromptsFile(f.prompts_file);
+    if (!read.ok()) return Fail(read.status());
+    prompts = std::move(*read);
+  } else {
+    absl::StatusOr<ModelSource> source = OpenModel(options->model);
+    if (!source.ok()) return Fail(source.status());
+    prompts = SyntheticPrompts(f, source->config.vocab_size);
+  }
+  std::vector<RequestSpec> specs;
+  for (size_t i = 0; i < prompts.size(); ++i) specs.push_back(MakeSpec(f, prompts[i], i));
+
+  RunReport report;
+  report.with_logprobs = f.logprobs > 0;
+  report.graph_mode = f.engine.graph_mode;
+  for (const auto& p : prompts) report.tokens_in += static_cast<int64_t>(p.size());
+  bool prints = true;
+  const auto t_create = Clock::now();
+  absl::Status ran = f.ep > 0 ? RunExpertParallel(f, *options, specs, &report, &prints)
+                              : RunSingle(f, *options, specs, &report);
+  if (!ran.ok()) return Fail(ran);
+  report.create_seconds = SecondsSince(t_create) - report.run_seconds;
+  if (report.model.empty()) {
+    absl::StatusOr<ModelSource> source = OpenModel(options->model);
+    report.model = source.ok() ? source->description : options->model;
+  }
+  if (prints) PrintRunReport(report, f.json);
+  return 0;
+}
+
+}  // namespace
+
+Command AddRunCommand(CLI::App& app) {
+  auto f = std::make_shared<RunFlags>();
+  CLI::App* run = app.add_subcommand("run", "serve a batch of requests and print the outputs");
+  f->engine.Register(run);
+  run->add_option("--num-requests", f->num_requests, "synthetic requests")->check(AtLeast(1));
+  run->add_option("--prompt-len", f->prompt_len, "tokens per synthetic prompt")->check(AtLeast(1));
+  run->add_option("--shared-prefix-len", f->shared_prefix_len,
+                  "leading tokens shared by every synthetic prompt")
+      ->check(AtLeast(0));
+  run->add_option("--seed", f->seed, "seed of the synthetic prompts and of sampling");
+  run->add_option("--prompts", f->prompts_file,
+                  "file with one request per line: token ids separated by spaces");
+  run->add_option("--max-tokens", f->max_tokens, "tokens to generate per request")
+      ->check(AtLeast(1));
+  run->add_option("--temperature", f->temperature, "0 = greedy")->check(AtLeast(0));
+  run->add_option("--top-k", f->top_k, "0 = off")->check(AtLeast(0));
+  run->add_option("--top-p", f->top_p, "1 = off")->check(UnitInterval());
+  run->add_option("--logprobs", f->logprobs, "top-K log-probabilities per token (JSON)")
+      ->check(AtLeast(0));
+  run->add_option("--stop-token", f->stop_tokens, "stop at this token id (repeatable)");
+  run->add_flag("--json", f->json, "print one JSON object");
+  run->add_option("--ep", f->ep, "expert-parallel ranks (0: off)")->check(AtLeast(0));
+  run->add_option("--ep-backend", f->ep_backend, "local (thread ranks) or mpi (mpirun)");
+  run->add_option("--reconfigure-at", f->reconfigure_at,
+                  "STEP:SIZE: reconfigure the expert-parallel group before STEP (repeatable)");
+  return {run, [f] { return Run(*f); }};
+}
+
+}  // namespace mlag::cli

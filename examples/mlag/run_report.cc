@@ -1,0 +1,158 @@
+#include "examples/mlag/run_report.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "nlohmann/json.hpp"
+
+namespace mlag::cli {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t i = static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+Json RequestJson(const RequestResult& r, bool with_logprobs) {
+  Json j = {{"id", r.id},
+            {"prompt_tokens", r.prompt_tokens},
+            {"output_tokens", r.output_tokens},
+            {"finish_reason", std::string(FinishReasonName(r.finish_reason))}};
+  if (with_logprobs) {
+    Json per_token = Json::array();
+    for (const auto& entry : r.logprobs) {
+      Json top = Json::array();
+      for (const TokenLogprob& t : entry) top.push_back({{"token", t.token}, {"logprob", t.logprob}});
+      per_token.push_back(std::move(top));
+    }
+    j["logprobs"] = std::move(per_token);
+  }
+  return j;
+}
+
+void PrintJson(const RunReport& r) {
+  Json j;
+  j["requests"] = Json::array();
+  for (const RequestResult& q : r.requests) j["requests"].push_back(RequestJson(q, r.with_logprobs));
+  Json replays = Json::object();
+  for (const auto& [size, count] : r.graph_replays) replays[std::to_string(size)] = count;
+  Json s = {{"steps", r.steps},
+            {"engine_steps", r.engine_steps},
+            {"graph_replays", replays},
+            {"eager_steps", r.eager_steps},
+            {"dummy_steps", r.dummy_steps},
+            {"prefix_cache_hit_rate", r.prefix_cache_hit_rate},
+            {"capture_seconds", r.capture_seconds},
+            {"preemptions", r.preemptions},
+            {"tokens_in", r.tokens_in},
+            {"tokens_out", r.tokens_out},
+            {"run_seconds", r.run_seconds}};
+  if (!r.step_ms.empty()) {
+    s["step_latency_ms"] = {{"p50", Percentile(r.step_ms, 0.5)},
+                            {"p99", Percentile(r.step_ms, 0.99)}};
+  }
+  if (r.kv_blocks_total > 0) s["kv_blocks_total"] = r.kv_blocks_total;
+  if (r.ep > 0) {
+    s["ep"] = r.ep;
+    s["ep_backend"] = r.ep_backend;
+  }
+  j["stats"] = std::move(s);
+  if (r.ep > 0) {
+    j["reconfigurations"] = Json::array();
+    for (const ReconfigurationReport& c : r.reconfigurations) {
+      Json phases = Json::object();
+      for (const auto& [name, seconds] : c.seconds) phases[name] = seconds;
+      j["reconfigurations"].push_back({{"step", c.step},
+                                       {"from", c.from},
+                                       {"to", c.to},
+                                       {"kv_pages_unchanged", c.kv_pages_unchanged},
+                                       {"seconds", std::move(phases)}});
+    }
+  }
+  std::printf("%s\n", j.dump().c_str());
+}
+
+void PrintText(const RunReport& r) {
+  for (const RequestResult& q : r.requests) {
+    std::printf("request %lld (%d prompt tokens, %s):", static_cast<long long>(q.id),
+                q.prompt_tokens, std::string(FinishReasonName(q.finish_reason)).c_str());
+    for (int32_t t : q.output_tokens) std::printf(" %d", t);
+    std::printf("\n");
+  }
+  std::printf("\nmodel %s", r.model.c_str());
+  if (!r.device.empty()) std::printf(" on %s", r.device.c_str());
+  std::printf("\n");
+  if (r.ep > 0) {
+    std::printf("expert parallel: %d ranks (%s backend), %lld engine steps summed over ranks, "
+                "%lld dummy steps\n",
+                r.ep, r.ep_backend.c_str(), static_cast<long long>(r.engine_steps),
+                static_cast<long long>(r.dummy_steps));
+  } else {
+    std::printf("engine built in %.2f s; %d graphs captured in %.3f s (graph mode %s)\n",
+                r.create_seconds, r.num_graphs, r.capture_seconds, r.graph_mode.c_str());
+  }
+  std::printf("requests: %zu, tokens in %lld, tokens out %lld, %.1f s, %.1f tokens/s out\n",
+              r.requests.size(), static_cast<long long>(r.tokens_in),
+              static_cast<long long>(r.tokens_out), r.run_seconds,
+              static_cast<double>(r.tokens_out) / std::max(r.run_seconds, 1e-9));
+  std::printf("steps: %lld", static_cast<long long>(r.steps));
+  if (!r.step_ms.empty()) {
+    std::printf(", step latency p50 %.2f ms, p99 %.2f ms", Percentile(r.step_ms, 0.5),
+                Percentile(r.step_ms, 0.99));
+  }
+  std::printf(", eager steps %lld, preemptions %lld\n", static_cast<long long>(r.eager_steps),
+              static_cast<long long>(r.preemptions));
+  std::printf("graph replays per size:");
+  if (r.graph_replays.empty()) std::printf(" none");
+  for (const auto& [size, count] : r.graph_replays) {
+    std::printf(" %d:%lld", size, static_cast<long long>(count));
+  }
+  std::printf("\nprefix cache hit rate %.1f%%", 100.0 * r.prefix_cache_hit_rate);
+  if (r.kv_blocks_total > 0) {
+    std::printf("; KV %d blocks of %d tokens (%zu bytes/token), %d in use at exit",
+                r.kv_blocks_total, r.kv_block_size, r.kv_bytes_per_token, r.kv_blocks_used);
+  }
+  std::printf("\n");
+  for (const ReconfigurationReport& c : r.reconfigurations) {
+    std::printf("reconfiguration at step %d: %d -> %d ranks, kv pages unchanged: %s;", c.step,
+                c.from, c.to, c.kv_pages_unchanged ? "yes" : "NO");
+    for (const auto& [name, seconds] : c.seconds) std::printf(" %s %.4f s", name.c_str(), seconds);
+    std::printf("\n");
+  }
+}
+
+}  // namespace
+
+void AddExpertParallelResult(const EpRunResult& result, RunReport* report) {
+  report->requests = result.requests;
+  report->steps = result.driver_steps;
+  report->engine_steps = result.engine_steps;
+  report->eager_steps = result.eager_steps;
+  report->dummy_steps = result.dummy_steps;
+  report->preemptions = result.preemptions;
+  report->graph_replays = result.graph_replays;
+  report->capture_seconds = result.capture_seconds;
+  report->prefix_cache_hit_rate =
+      result.prefix_queried_tokens > 0
+          ? static_cast<double>(result.prefix_hit_tokens) / result.prefix_queried_tokens
+          : 0.0;
+  report->reconfigurations = result.reconfigurations;
+  report->tokens_out = 0;
+  for (const RequestResult& r : result.requests) {
+    report->tokens_out += static_cast<int64_t>(r.output_tokens.size());
+  }
+}
+
+void PrintRunReport(const RunReport& report, bool json) {
+  if (json) {
+    PrintJson(report);
+  } else {
+    PrintText(report);
+  }
+}
+
+}  // namespace mlag::cli

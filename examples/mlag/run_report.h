@@ -1,0 +1,50 @@
+// The report of `mlag run`, for one rank or an expert-parallel world: built
+// once from the run, then written as text or as one JSON object.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runtime/engine/expert_parallel.h"
+#include "runtime/engine/request.h"
+
+namespace mlag::cli {
+
+struct RunReport {
+  std::vector<RequestResult> requests;  // in id order
+  bool with_logprobs = false;
+
+  std::string model;   // description
+  std::string device;  // name and why it was chosen (single rank)
+  std::string graph_mode;
+  double create_seconds = 0, capture_seconds = 0, run_seconds = 0;
+  int num_graphs = 0;
+
+  int64_t tokens_in = 0, tokens_out = 0;
+  int64_t steps = 0;         // driver steps (every rank steps together)
+  int64_t engine_steps = 0;  // summed over ranks
+  int64_t eager_steps = 0, dummy_steps = 0, preemptions = 0;
+  std::map<int, int64_t> graph_replays;  // capture size -> replays, summed over ranks
+  double prefix_cache_hit_rate = 0;
+  std::vector<double> step_ms;  // per step (single rank only)
+
+  // KV pool (single rank only; 0 when unknown).
+  int kv_blocks_total = 0, kv_blocks_used = 0, kv_block_size = 0;
+  size_t kv_bytes_per_token = 0;
+
+  // Expert parallelism (ep == 0: off).
+  int ep = 0;
+  std::string ep_backend;
+  std::vector<ReconfigurationReport> reconfigurations;
+};
+
+// Fills the request and counter fields from an expert-parallel run.
+void AddExpertParallelResult(const EpRunResult& result, RunReport* report);
+
+// Writes the report to stdout: a line per request and a summary, or one JSON
+// object (`json`).
+void PrintRunReport(const RunReport& report, bool json);
+
+}  // namespace mlag::cli

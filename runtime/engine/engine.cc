@@ -1,0 +1,270 @@
+#include "runtime/engine/engine.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/core/status.h"
+
+namespace mlag {
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
+  std::unique_ptr<Engine> e(new Engine());
+  e->options_ = options;
+  if (options.block_size < 1) return absl::InvalidArgumentError("block size must be >= 1");
+  constexpr int kMaxSeqs = 1 << 16, kMaxTokens = 1 << 20, kMaxBlockSize = 1 << 16;
+  if (options.max_num_seqs < 1 || options.max_num_seqs > kMaxSeqs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_num_seqs must be in [1, ", kMaxSeqs, "], got ", options.max_num_seqs));
+  }
+  if (options.max_num_batched_tokens < 1 || options.max_num_batched_tokens > kMaxTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("max_num_batched_tokens must be in [1, ",
+                                                   kMaxTokens, "], got ",
+                                                   options.max_num_batched_tokens));
+  }
+  if (options.block_size > kMaxBlockSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block size must be at most ", kMaxBlockSize, ", got ", options.block_size));
+  }
+  MLAG_ASSIGN_OR_RETURN(e->device_, Device::Create(options.device));
+  MLAG_ASSIGN_OR_RETURN(ModelSource source, OpenModel(options.model));
+  e->description_ = source.description;
+  const ModelConfig& mc = source.config;
+  e->max_model_len_ = options.max_model_len > 0
+                          ? options.max_model_len
+                          : std::min(mc.max_position_embeddings, 4096);
+  if (e->max_model_len_ > mc.max_position_embeddings) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_model_len ", e->max_model_len_, " exceeds the model's ",
+                     "max_position_embeddings ", mc.max_position_embeddings));
+  }
+  DType kv_dtype = e->device_->is_cuda() ? DType::kBF16 : DType::kF32;
+  if (options.kv_cache_dtype != "auto") {
+    MLAG_ASSIGN_OR_RETURN(kv_dtype, ParseDType(options.kv_cache_dtype));
+    if (kv_dtype != DType::kF32 && kv_dtype != DType::kBF16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KV cache dtype '", options.kv_cache_dtype, "': expected auto, f32 or bf16"));
+    }
+  }
+  const size_t bytes_per_block = static_cast<size_t>(options.block_size) * mc.num_hidden_layers *
+                                 mc.kv_cache_row() * DTypeSize(kv_dtype);
+  const size_t num_blocks = options.kv_cache_bytes / bytes_per_block;
+  if (num_blocks < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv cache of ", options.kv_cache_bytes, " bytes holds ", num_blocks, " blocks of ",
+        bytes_per_block, " bytes; at least 2 are needed (block 0 is reserved)"));
+  }
+  RunnerConfig rc;
+  rc.max_num_seqs = options.max_num_seqs;
+  rc.max_num_batched_tokens = options.max_num_batched_tokens;
+  rc.max_model_len = e->max_model_len_;
+  rc.block_size = options.block_size;
+  rc.num_blocks = static_cast<int>(std::min<size_t>(num_blocks, 1 << 24));
+  rc.graph_mode = options.graph_mode;
+  rc.kv_dtype = kv_dtype;
+  rc.capture_sizes = options.capture_sizes;
+  rc.local_experts = options.local_experts;
+  rc.max_ep_ranks = std::max(options.max_ep_ranks,
+                             options.ep_group != nullptr ? options.ep_group->size() : 1);
+  MLAG_ASSIGN_OR_RETURN(e->runner_, ModelRunner::Create(source, e->device_.get(), rc));
+  MLAG_RETURN_IF_ERROR(e->runner_->SetExpertGroup(options.ep_group));
+  MLAG_RETURN_IF_ERROR(e->runner_->CaptureGraphs());
+  e->kv_ = std::make_unique<KvCacheManager>(rc.num_blocks, rc.block_size,
+                                            options.enable_prefix_caching);
+  SchedulerConfig sc;
+  sc.max_num_seqs = options.max_num_seqs;
+  sc.max_num_batched_tokens = options.max_num_batched_tokens;
+  e->scheduler_ = std::make_unique<Scheduler>(sc, e->kv_.get());
+  return e;
+}
+
+absl::StatusOr<RequestId> Engine::AddRequest(const RequestSpec& spec) {
+  return AddRequestWithId(spec, next_id_);
+}
+
+absl::StatusOr<RequestId> Engine::AddRequestWithId(const RequestSpec& spec, RequestId id) {
+  if (requests_.count(id) > 0) {
+    return absl::AlreadyExistsError(absl::StrCat("request id ", id, " is already in use"));
+  }
+  MLAG_RETURN_IF_ERROR(ValidateRequest(spec));
+  auto req = std::make_unique<Request>();
+  req->id = id;
+  next_id_ = std::max(next_id_, id + 1);
+  req->spec = spec;
+  req->tokens = spec.prompt;
+  req->num_prompt_tokens = static_cast<int>(spec.prompt.size());
+  Request* raw = req.get();
+  requests_[raw->id] = std::move(req);
+  scheduler_->Add(raw);
+  return raw->id;
+}
+
+absl::Status Engine::ValidateRequest(const RequestSpec& spec) const {
+  const int vocab = config().vocab_size;
+  if (spec.prompt.empty()) return absl::InvalidArgumentError("request has an empty prompt");
+  for (size_t i = 0; i < spec.prompt.size(); ++i) {
+    if (spec.prompt[i] < 0 || spec.prompt[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt token ", i, " has id ",
+                                                     spec.prompt[i], ", outside the vocabulary [0, ",
+                                                     vocab, ")"));
+    }
+  }
+  if (spec.max_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("max_tokens is ", spec.max_tokens,
+                                                   "; it must be at least 1"));
+  }
+  const int64_t total = static_cast<int64_t>(spec.prompt.size()) + spec.max_tokens;
+  if (total > max_model_len_) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt (", spec.prompt.size(),
+                                                   " tokens) + max_tokens (", spec.max_tokens,
+                                                   ") exceeds max_model_len ", max_model_len_));
+  }
+  const int64_t blocks_needed = (total + kv_->block_size() - 1) / kv_->block_size();
+  if (blocks_needed > kv_->num_blocks() - 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request needs ", blocks_needed, " KV blocks but the pool holds ", kv_->num_blocks() - 1,
+        "; raise --kv-cache-bytes"));
+  }
+  for (int32_t stop : spec.stop_token_ids) {
+    if (stop < 0 || stop >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stop token id ", stop, " is outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  const SamplingParams& sp = spec.sampling;
+  if (!(sp.top_p > 0.0f) || sp.logprobs < 0 || sp.logprobs > vocab || sp.temperature != sp.temperature) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad sampling parameters: top_p must be in (0, 1], logprobs in [0, ", vocab,
+        "], temperature a number"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepOutput> Engine::Step() {
+  StepOutput out;
+  SchedulerOutput sched = scheduler_->Schedule();
+  out.preempted = sched.preempted;
+  std::vector<StepSequence> seqs(sched.scheduled.size());
+  for (size_t i = 0; i < sched.scheduled.size(); ++i) {
+    const ScheduledRequest& s = sched.scheduled[i];
+    const Request& r = *s.request;
+    StepSequence& q = seqs[i];
+    q.new_tokens = absl::Span<const int32_t>(r.tokens.data() + r.num_computed_tokens,
+                                             static_cast<size_t>(s.num_new_tokens));
+    q.start_position = r.num_computed_tokens;
+    q.block_table = kv_->block_table(r.id);
+    q.sample = s.samples;
+    q.sampling = r.spec.sampling;
+    q.output_index = r.num_output_tokens();
+  }
+  StepPlan plan = sched.empty() ? StepPlan{0, true} : runner_->Plan(seqs);
+  Communicator* group = options_.ep_group;
+  if (group != nullptr) {
+    // Lockstep: one shape for every rank of the group.
+    MLAG_ASSIGN_OR_RETURN(int64_t rows, group->AllReduceScalar(plan.rows, ReduceOp::kMax));
+    MLAG_ASSIGN_OR_RETURN(int64_t all_decode,
+                          group->AllReduceScalar(plan.decode ? 1 : 0, ReduceOp::kMin));
+    if (rows == 0) return out;  // no rank has work
+    plan = runner_->Agree(static_cast<int>(rows), all_decode == 1);
+    if (sched.empty()) {
+      MLAG_RETURN_IF_ERROR(runner_->DummyStep(plan));
+      out.dummy = true;
+      out.padded_size = plan.rows;
+      return out;
+    }
+  }
+  if (sched.empty()) return out;
+  ++steps_;
+  MLAG_ASSIGN_OR_RETURN(StepResult result, runner_->Execute(seqs, &plan));
+  out.num_tokens = sched.num_tokens;
+  out.replayed = result.replayed;
+  out.padded_size = result.padded_size;
+  for (size_t i = 0; i < sched.scheduled.size(); ++i) {
+    const ScheduledRequest& s = sched.scheduled[i];
+    if (!s.samples) continue;
+    out.new_tokens.emplace_back(s.request->id, result.tokens[i]);
+    out.logits_rows.push_back(static_cast<int>(i));
+    if (s.request->spec.sampling.logprobs > 0) {
+      s.request->logprobs.push_back(std::move(result.logprobs[i]));
+    }
+  }
+  for (Request* r : scheduler_->Update(sched, result.tokens, max_model_len_)) {
+    out.finished.push_back(r->id);
+  }
+  return out;
+}
+
+std::vector<std::unique_ptr<Request>> Engine::TakeUnfinished() {
+  std::vector<std::unique_ptr<Request>> taken;
+  for (auto it = requests_.begin(); it != requests_.end();) {
+    if (it->second->finished()) {
+      ++it;
+      continue;
+    }
+    scheduler_->Remove(it->second.get());
+    taken.push_back(std::move(it->second));
+    it = requests_.erase(it);
+  }
+  return taken;
+}
+
+absl::Status Engine::AdoptRequest(std::unique_ptr<Request> request) {
+  if (requests_.count(request->id) > 0) {
+    return absl::AlreadyExistsError(absl::StrCat("request id ", request->id, " is already in use"));
+  }
+  // It was validated by the engine it came from, whose limits may differ.
+  MLAG_RETURN_IF_ERROR(ValidateRequest(request->spec));
+  request->num_computed_tokens = 0;
+  request->state = RequestState::kWaiting;
+  next_id_ = std::max(next_id_, request->id + 1);
+  Request* raw = request.get();
+  requests_[raw->id] = std::move(request);
+  scheduler_->Add(raw);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::SetExpertGroup(Communicator* group) {
+  runner_->DropGraphs();
+  MLAG_RETURN_IF_ERROR(runner_->SetExpertGroup(group));
+  options_.ep_group = group;
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Abort(RequestId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("no request ", id));
+  scheduler_->Abort(it->second.get());
+  return absl::OkStatus();
+}
+
+const Request* Engine::request(RequestId id) const {
+  auto it = requests_.find(id);
+  return it == requests_.end() ? nullptr : it->second.get();
+}
+
+std::vector<RequestId> Engine::request_ids() const {
+  std::vector<RequestId> ids;
+  for (const auto& [id, r] : requests_) ids.push_back(id);
+  return ids;
+}
+
+EngineStats Engine::Stats() const {
+  EngineStats s;
+  const RunnerStats& rs = runner_->stats();
+  s.steps = steps_;
+  s.graph_replays = rs.graph_replays;
+  s.eager_steps = rs.eager_steps;
+  s.dummy_steps = rs.dummy_steps;
+  s.prefix_cache_hit_rate = kv_->prefix_cache_hit_rate();
+  s.prefix_cache_hit_tokens = kv_->hit_tokens();
+  s.kv_blocks_total = kv_->num_blocks() - 1;
+  s.kv_blocks_free = kv_->num_free_blocks();
+  s.kv_blocks_used = s.kv_blocks_total - s.kv_blocks_free;
+  s.kv_bytes_per_token = runner_->kv_bytes_per_token();
+  s.kv_block_size = kv_->block_size();
+  s.capture_seconds = rs.capture_seconds;
+  s.preemptions = scheduler_->num_preemptions();
+  s.num_graphs = runner_->num_graphs();
+  return s;
+}
+
+}  // namespace mlag

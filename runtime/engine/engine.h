@@ -1,0 +1,155 @@
+// Engine: requests in, tokens out. Owns the model runner, the KV cache
+// manager and the scheduler, and runs one step at a time.
+//
+// Example:
+//   EngineOptions opts;
+//   opts.model = "tiny-v3";
+//   MLAG_ASSIGN_OR_RETURN(auto engine, Engine::Create(opts));
+//   RequestSpec req;
+//   req.prompt = {1, 2, 3};
+//   req.max_tokens = 8;
+//   MLAG_ASSIGN_OR_RETURN(RequestId id, engine->AddRequest(req));
+//   while (engine->HasUnfinished()) MLAG_RETURN_IF_ERROR(engine->Step().status());
+//   const Request* done = engine->request(id);  // done->output_tokens()
+//
+// Not thread-safe: one thread drives an engine.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/engine/kv_cache_manager.h"
+#include "runtime/engine/model_runner.h"
+#include "runtime/engine/request.h"
+#include "runtime/engine/scheduler.h"
+
+namespace mlag {
+
+struct EngineOptions {
+  std::string model = "tiny-v3";  // built-in name or checkpoint directory
+  std::string device = "auto";    // auto, host, cuda, cuda:N
+  size_t kv_cache_bytes = size_t{256} << 20;
+  // KV cache element type: "auto" (bf16 on CUDA, f32 on the host), "f32"
+  // or "bf16".
+  std::string kv_cache_dtype = "auto";
+  int block_size = 64;
+  int max_num_seqs = 64;
+  int max_num_batched_tokens = 512;
+  int max_model_len = 0;  // 0: min(max_position_embeddings, 4096)
+  GraphMode graph_mode = GraphMode::kFullDecode;
+  std::vector<int> capture_sizes;  // empty: the default list
+  bool enable_prefix_caching = true;
+  std::vector<int> local_experts;  // empty: every routed expert
+  // Expert parallelism: the group this rank's MoE layers dispatch over
+  // (nullptr: none), and the largest group it will ever join. With a group,
+  // every Step is taken in lockstep with the other ranks (see Step).
+  Communicator* ep_group = nullptr;
+  int max_ep_ranks = 1;
+};
+
+struct StepOutput {
+  // Requests that got a token this step, with it.
+  std::vector<std::pair<RequestId, int32_t>> new_tokens;
+  // Per new token: its row in runner().last_logits().
+  std::vector<int> logits_rows;
+  std::vector<RequestId> finished;
+  std::vector<RequestId> preempted;
+  int num_tokens = 0;      // tokens computed
+  bool replayed = false;   // ran as a graph replay
+  bool dummy = false;      // this rank had no work and ran a dummy step
+  int padded_size = 0;
+};
+
+struct EngineStats {
+  int64_t steps = 0;
+  std::map<int, int64_t> graph_replays;
+  int64_t eager_steps = 0;
+  int64_t dummy_steps = 0;
+  double prefix_cache_hit_rate = 0.0;
+  int64_t prefix_cache_hit_tokens = 0;
+  int kv_blocks_total = 0;  // usable blocks (the null block excluded)
+  int kv_blocks_used = 0;
+  int kv_blocks_free = 0;
+  size_t kv_bytes_per_token = 0;
+  int kv_block_size = 0;
+  double capture_seconds = 0.0;
+  int64_t preemptions = 0;
+  int num_graphs = 0;
+};
+
+class Engine {
+ public:
+  // Opens the model, sizes the KV pool from kv_cache_bytes, builds the runner
+  // and captures the graphs.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options);
+
+  // Validates and queues a request. InvalidArgument naming the problem for an
+  // empty prompt, a token id outside the vocabulary, max_tokens < 1,
+  // prompt + max_tokens > max_model_len, or a request that could never fit
+  // the KV pool; that request alone is rejected.
+  absl::StatusOr<RequestId> AddRequest(const RequestSpec& spec);
+
+  // The checks AddRequest makes, without queuing anything.
+  absl::Status ValidateRequest(const RequestSpec& spec) const;
+
+  // Like AddRequest, with the id chosen by the caller (expert-parallel
+  // drivers number requests across ranks). AlreadyExists for a used id.
+  absl::StatusOr<RequestId> AddRequestWithId(const RequestSpec& spec, RequestId id);
+
+  // Runs one scheduling step (a no-op step when nothing can run).
+  //
+  // In an expert-parallel group every rank calls Step together: the ranks
+  // agree on the step's shape (the largest row count, and a decode plan only
+  // if every rank has one), so their MoE collectives match; a rank with
+  // nothing scheduled runs a dummy step of that shape, which writes no KV.
+  absl::StatusOr<StepOutput> Step();
+
+  // Removes every unfinished request (freeing its KV blocks) and hands it to
+  // the caller with its tokens so far: a leaving expert-parallel rank's
+  // requests, to be adopted by another rank.
+  std::vector<std::unique_ptr<Request>> TakeUnfinished();
+
+  // Queues a request taken from another engine. Its generated tokens are
+  // kept; its KV is recomputed (prefix-cache hits included). Its id must be
+  // unused here.
+  absl::Status AdoptRequest(std::unique_ptr<Request> request);
+
+  // Switches the expert-parallel group (nullptr: none). Drops every graph;
+  // call CaptureGraphs (in lockstep over the new group) before the next step.
+  absl::Status SetExpertGroup(Communicator* group);
+  Communicator* expert_group() const { return options_.ep_group; }
+
+  // Finishes a request with reason "abort" and frees its blocks.
+  absl::Status Abort(RequestId id);
+
+  bool HasUnfinished() const { return scheduler_->HasUnfinished(); }
+  const Request* request(RequestId id) const;
+  std::vector<RequestId> request_ids() const;
+  EngineStats Stats() const;
+
+  const ModelConfig& config() const { return runner_->model().config(); }
+  int max_model_len() const { return max_model_len_; }
+  ModelRunner& runner() { return *runner_; }
+  KvCacheManager& kv_cache() { return *kv_; }
+  Device& device() { return *device_; }
+  const std::string& model_description() const { return description_; }
+
+ private:
+  Engine() = default;
+
+  EngineOptions options_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<KvCacheManager> kv_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::map<RequestId, std::unique_ptr<Request>> requests_;
+  RequestId next_id_ = 0;
+  int max_model_len_ = 0;
+  int64_t steps_ = 0;
+  std::string description_;
+};
+
+}  // namespace mlag

@@ -1,0 +1,471 @@
+#include "runtime/engine/expert_parallel.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "comm/local_communicator.h"
+#include "runtime/core/status.h"
+
+namespace mlag {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+int64_t FloatBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float BitsFloat(int64_t v) {
+  uint32_t u = static_cast<uint32_t>(v);
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Requests travel between ranks as flat int64 records:
+//   id, prompt_len, num_tokens, max_tokens, finish, state, n_stop, stops...,
+//   temperature, top_k, top_p, seed, logprobs, tokens..., n_lp, per entry:
+//   k, (token, logprob) * k
+void Serialize(const Request& r, std::vector<int64_t>* out) {
+  out->push_back(r.id);
+  out->push_back(r.num_prompt_tokens);
+  out->push_back(r.num_tokens());
+  out->push_back(r.spec.max_tokens);
+  out->push_back(static_cast<int64_t>(r.finish_reason));
+  out->push_back(static_cast<int64_t>(r.state));
+  out->push_back(static_cast<int64_t>(r.spec.stop_token_ids.size()));
+  for (int32_t s : r.spec.stop_token_ids) out->push_back(s);
+  out->push_back(FloatBits(r.spec.sampling.temperature));
+  out->push_back(r.spec.sampling.top_k);
+  out->push_back(FloatBits(r.spec.sampling.top_p));
+  out->push_back(static_cast<int64_t>(r.spec.sampling.seed));
+  out->push_back(r.spec.sampling.logprobs);
+  for (int32_t t : r.tokens) out->push_back(t);
+  out->push_back(static_cast<int64_t>(r.logprobs.size()));
+  for (const auto& entry : r.logprobs) {
+    out->push_back(static_cast<int64_t>(entry.size()));
+    for (const TokenLogprob& lp : entry) {
+      out->push_back(lp.token);
+      out->push_back(FloatBits(lp.logprob));
+    }
+  }
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<Request>>> Deserialize(const std::vector<int64_t>& in) {
+  std::vector<std::unique_ptr<Request>> out;
+  size_t i = 0;
+  auto next = [&]() -> absl::StatusOr<int64_t> {
+    if (i >= in.size()) return absl::DataLossError("truncated request record");
+    return in[i++];
+  };
+  while (i < in.size()) {
+    auto r = std::make_unique<Request>();
+    MLAG_ASSIGN_OR_RETURN(r->id, next());
+    MLAG_ASSIGN_OR_RETURN(int64_t prompt_len, next());
+    MLAG_ASSIGN_OR_RETURN(int64_t num_tokens, next());
+    MLAG_ASSIGN_OR_RETURN(int64_t max_tokens, next());
+    MLAG_ASSIGN_OR_RETURN(int64_t finish, next());
+    MLAG_ASSIGN_OR_RETURN(int64_t state, next());
+    MLAG_ASSIGN_OR_RETURN(int64_t n_stop, next());
+    const int64_t left = static_cast<int64_t>(in.size() - i);
+    if (prompt_len < 1 || num_tokens < prompt_len || n_stop < 0 || n_stop > left ||
+        num_tokens > left) {
+      return absl::DataLossError("malformed request record");
+    }
+    r->num_prompt_tokens = static_cast<int>(prompt_len);
+    r->spec.max_tokens = static_cast<int>(max_tokens);
+    r->finish_reason = static_cast<FinishReason>(finish);
+    r->state = static_cast<RequestState>(state);
+    for (int64_t k = 0; k < n_stop; ++k) {
+      MLAG_ASSIGN_OR_RETURN(int64_t s, next());
+      r->spec.stop_token_ids.push_back(static_cast<int32_t>(s));
+    }
+    MLAG_ASSIGN_OR_RETURN(int64_t temp, next());
+    MLAG_ASSIGN_OR_RETURN(int64_t top_k, next());
+    MLAG_ASSIGN_OR_RETURN(int64_t top_p, next());
+    MLAG_ASSIGN_OR_RETURN(int64_t seed, next());
+    MLAG_ASSIGN_OR_RETURN(int64_t logprobs, next());
+    r->spec.sampling.temperature = BitsFloat(temp);
+    r->spec.sampling.top_k = static_cast<int>(top_k);
+    r->spec.sampling.top_p = BitsFloat(top_p);
+    r->spec.sampling.seed = static_cast<uint64_t>(seed);
+    r->spec.sampling.logprobs = static_cast<int>(logprobs);
+    for (int64_t k = 0; k < num_tokens; ++k) {
+      MLAG_ASSIGN_OR_RETURN(int64_t t, next());
+      r->tokens.push_back(static_cast<int32_t>(t));
+    }
+    r->spec.prompt.assign(r->tokens.begin(), r->tokens.begin() + prompt_len);
+    MLAG_ASSIGN_OR_RETURN(int64_t n_lp, next());
+    if (n_lp < 0 || n_lp > static_cast<int64_t>(in.size() - i)) {
+      return absl::DataLossError("malformed request record");
+    }
+    for (int64_t e = 0; e < n_lp; ++e) {
+      MLAG_ASSIGN_OR_RETURN(int64_t k, next());
+      if (k < 0 || 2 * k > static_cast<int64_t>(in.size() - i)) {
+        return absl::DataLossError("malformed request record");
+      }
+      std::vector<TokenLogprob> entry;
+      for (int64_t j = 0; j < k; ++j) {
+        MLAG_ASSIGN_OR_RETURN(int64_t tok, next());
+        MLAG_ASSIGN_OR_RETURN(int64_t lp, next());
+        entry.push_back({static_cast<int32_t>(tok), BitsFloat(lp)});
+      }
+      r->logprobs.push_back(std::move(entry));
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<ReconfigureAt> ParseReconfigureAt(absl::string_view text) {
+  std::vector<absl::string_view> parts = absl::StrSplit(text, ':');
+  ReconfigureAt r;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &r.step) ||
+      !absl::SimpleAtoi(parts[1], &r.size) || r.step < 0 || r.size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--reconfigure-at '", text, "': expected STEP:SIZE with STEP >= 0, SIZE >= 1"));
+  }
+  return r;
+}
+
+absl::StatusOr<std::unique_ptr<EpRank>> EpRank::Create(Communicator* world,
+                                                       const EngineOptions& options,
+                                                       const EpOptions& ep,
+                                                       Communicator* control) {
+  if (world == nullptr || world->size() != ep.world) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expert parallelism over ", ep.world, " ranks needs a world of that size, got ",
+        world == nullptr ? 0 : world->size()));
+  }
+  int last_step = -1;
+  for (const ReconfigureAt& r : ep.reconfigure) {
+    if (r.size < 1 || r.size > ep.world) {
+      return absl::InvalidArgumentError(absl::StrCat("reconfiguration to ", r.size,
+                                                     " ranks: must be in [1, ", ep.world, "]"));
+    }
+    if (r.step < last_step) {
+      return absl::InvalidArgumentError("reconfigurations must be given in step order");
+    }
+    last_step = r.step;
+  }
+  if (control == nullptr) control = world;
+  if (control->size() != world->size() || control->rank() != world->rank()) {
+    return absl::InvalidArgumentError("control and data communicators must have the same ranks");
+  }
+  std::unique_ptr<EpRank> rank(new EpRank());
+  rank->world_ = world;
+  rank->control_ = control;
+  rank->ep_ = ep;
+  MLAG_ASSIGN_OR_RETURN(rank->host_device_, Device::Create("host"));
+  MLAG_ASSIGN_OR_RETURN(rank->host_stream_, Stream::Create(rank->host_device_.get()));
+  MLAG_ASSIGN_OR_RETURN(rank->group_, world->Split(0, world->rank()));
+  rank->active_ = world->size();
+  // From here a failure on this rank (a model that does not load, an
+  // allocation) would leave the peers waiting in the engine's first
+  // collectives: abort the groups so they fail with it.
+  absl::Status built = rank->BuildEngine(options);
+  if (!built.ok()) {
+    rank->AbortGroups(built);
+    return built;
+  }
+  return rank;
+}
+
+absl::Status EpRank::BuildEngine(const EngineOptions& options) {
+  // The model's expert count decides the placement; every rank reads the
+  // same config.
+  MLAG_ASSIGN_OR_RETURN(ModelSource probe, OpenModel(options.model));
+  const int E = probe.config.n_routed_experts;
+  if (E < ep_.world) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expert parallelism over ", ep_.world, " ranks needs at least that many routed experts; ",
+        options.model, " has ", E));
+  }
+  placement_ = EvenPlacement(E, ep_.world);
+  EngineOptions o = options;
+  o.local_experts = placement_.ExpertsOf(world_->rank());
+  o.ep_group = group_.get();
+  o.max_ep_ranks = ep_.world;
+  MLAG_ASSIGN_OR_RETURN(engine_, Engine::Create(o));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::vector<int64_t>>> EpRank::ExchangeAll(
+    const std::vector<int64_t>& mine) {
+  const int n = control_->size();
+  int64_t my_size = static_cast<int64_t>(mine.size());
+  std::vector<int64_t> sizes(n);
+  MLAG_RETURN_IF_ERROR(control_->AllGather(*host_stream_, Tensor(&my_size, DType::kI64, {1}),
+                                         Tensor(sizes.data(), DType::kI64, {n})));
+  std::vector<std::vector<int64_t>> all(n);
+  for (int root = 0; root < n; ++root) {
+    if (sizes[root] == 0) continue;
+    all[root] = root == control_->rank() ? mine : std::vector<int64_t>(sizes[root]);
+    MLAG_RETURN_IF_ERROR(control_->Broadcast(
+        *host_stream_, Tensor(all[root].data(), DType::kI64, {sizes[root]}), root));
+  }
+  return all;
+}
+
+absl::StatusOr<ReconfigurationReport> EpRank::Reconfigure(int step, int new_size) {
+  ReconfigurationReport report;
+  report.step = step;
+  report.from = active_;
+  report.to = new_size;
+  const int me = world_->rank();
+  const bool in_old = me < active_, in_new = me < new_size;
+  const bool survivor = in_old && in_new;
+  ModelRunner& runner = engine_->runner();
+  auto phase = [&](const char* name, Clock::time_point t0) {
+    report.seconds.emplace_back(name, Since(t0));
+  };
+
+  MLAG_ASSIGN_OR_RETURN(report.prefix_hit_tokens_before,
+                        control_->AllReduceScalar(engine_->kv_cache().hit_tokens(), ReduceOp::kSum));
+  auto t0 = Clock::now();
+  // The pages whose contents matter (in use or prefix-cached); the same list
+  // is checked after the reconfiguration.
+  const std::vector<int> live = engine_->kv_cache().LiveBlocks();
+  uint64_t before = 0;
+  if (survivor) {
+    MLAG_ASSIGN_OR_RETURN(before, runner.KvChecksum(live));
+  }
+  phase("checksum", t0);
+
+  t0 = Clock::now();
+  MLAG_RETURN_IF_ERROR(runner.SaveAndClearMetadata());
+  phase("save_metadata", t0);
+
+  t0 = Clock::now();
+  // Held where AbortGroups finds it: if this rank fails before the group is
+  // installed, peers already using it must be woken too.
+  MLAG_ASSIGN_OR_RETURN(pending_group_, world_->Split(in_new ? 0 : -1, me));
+  phase("split", t0);
+
+  t0 = Clock::now();
+  const ExpertPlacement to = EvenPlacement(placement_.num_experts, new_size);
+  MLAG_RETURN_IF_ERROR(
+      runner.model().MigrateExperts(runner.stream(), *world_, placement_, to));
+  placement_ = to;
+  phase("migrate", t0);
+
+  t0 = Clock::now();
+  std::vector<int64_t> payload;
+  if (in_old && !in_new) {
+    for (const auto& r : engine_->TakeUnfinished()) Serialize(*r, &payload);
+  }
+  MLAG_ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> moved, ExchangeAll(payload));
+  int64_t counter = 0;  // the same walk on every rank: request j -> rank j % new_size
+  for (const auto& from_rank : moved) {
+    MLAG_ASSIGN_OR_RETURN(auto requests, Deserialize(from_rank));
+    for (auto& r : requests) {
+      if (counter++ % new_size == me) MLAG_RETURN_IF_ERROR(engine_->AdoptRequest(std::move(r)));
+    }
+  }
+  phase("requeue", t0);
+
+  t0 = Clock::now();
+  // From here on the rank's state is the new configuration's, whatever
+  // happens: a failure leaves the rank outside any group (no dangling group
+  // pointer) and is reported; the run cannot continue on it.
+  group_ = std::move(pending_group_);
+  active_ = new_size;
+  absl::Status recaptured = engine_->SetExpertGroup(in_new ? group_.get() : nullptr);
+  if (recaptured.ok() && in_new) recaptured = runner.CaptureGraphs();
+  if (!recaptured.ok()) {
+    engine_->SetExpertGroup(nullptr).IgnoreError();
+    return recaptured;
+  }
+  phase("recapture", t0);
+
+  t0 = Clock::now();
+  MLAG_RETURN_IF_ERROR(runner.RestoreMetadata());
+  phase("restore_metadata", t0);
+
+  t0 = Clock::now();
+  int64_t unchanged = 1;
+  if (survivor) {
+    MLAG_ASSIGN_OR_RETURN(uint64_t after, runner.KvChecksum(live));
+    unchanged = after == before ? 1 : 0;
+  }
+  MLAG_ASSIGN_OR_RETURN(int64_t all_unchanged,
+                        control_->AllReduceScalar(unchanged, ReduceOp::kMin));
+  report.kv_pages_unchanged = all_unchanged == 1;
+  phase("verify", t0);
+
+  return report;
+}
+
+absl::StatusOr<EpRunResult> EpRank::Run(const std::vector<RequestSpec>& requests) {
+  EpRunResult result;
+  result.capture_seconds = engine_->runner().stats().capture_seconds;
+  // Every rank validates every request, so a bad one fails all ranks alike
+  // instead of leaving the others waiting in a collective.
+  for (size_t i = 0; i < requests.size(); ++i) {
+    absl::Status valid = engine_->ValidateRequest(requests[i]);
+    if (!valid.ok()) {
+      return absl::Status(valid.code(), absl::StrCat("request ", i, ": ", valid.message()));
+    }
+  }
+  absl::StatusOr<EpRunResult> driven = Drive(requests, std::move(result));
+  if (!driven.ok()) AbortGroups(driven.status());
+  return driven;
+}
+
+void EpRank::AbortGroups(const absl::Status& reason) {
+  // Peers aborted by another rank's failure pass its reason on unchanged.
+  const absl::Status why =
+      reason.code() == absl::StatusCode::kAborted
+          ? reason
+          : absl::Status(reason.code(),
+                         absl::StrCat("rank ", world_->rank(), ": ", reason.message()));
+  // The MPI world ends the process: abort the others first.
+  if (pending_group_ != nullptr) pending_group_->Abort(why);
+  if (group_ != nullptr) group_->Abort(why);
+  if (control_ != nullptr && control_ != world_) control_->Abort(why);
+  world_->Abort(why);
+}
+
+absl::StatusOr<EpRunResult> EpRank::Drive(const std::vector<RequestSpec>& requests,
+                                          EpRunResult result) {
+  const int me = world_->rank();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (static_cast<int>(i % active_) != me) continue;
+    absl::StatusOr<RequestId> id = engine_->AddRequestWithId(requests[i], static_cast<RequestId>(i));
+    if (!id.ok()) {
+      return absl::Status(id.status().code(),
+                          absl::StrCat("request ", i, ": ", id.status().message()));
+    }
+  }
+  size_t next_event = 0;
+  int64_t step = 0;
+  for (;; ++step) {
+    while (next_event < ep_.reconfigure.size() && ep_.reconfigure[next_event].step == step) {
+      MLAG_ASSIGN_OR_RETURN(ReconfigurationReport r,
+                            Reconfigure(static_cast<int>(step), ep_.reconfigure[next_event].size));
+      result.reconfigurations.push_back(std::move(r));
+      ++next_event;
+    }
+    if (me < active_) MLAG_RETURN_IF_ERROR(engine_->Step().status());
+    MLAG_ASSIGN_OR_RETURN(int64_t unfinished, control_->AllReduceScalar(
+                                                  engine_->HasUnfinished() ? 1 : 0, ReduceOp::kMax));
+    if (unfinished == 0) break;
+    if (step > 10'000'000) return absl::InternalError("expert-parallel run does not finish");
+  }
+  result.driver_steps = step + 1;
+
+  // Gather every rank's finished requests and counters on every rank.
+  std::vector<int64_t> payload;
+  const EngineStats stats = engine_->Stats();
+  payload.push_back(stats.steps);
+  payload.push_back(stats.eager_steps);
+  payload.push_back(stats.dummy_steps);
+  payload.push_back(stats.preemptions);
+  payload.push_back(engine_->kv_cache().hit_tokens());
+  payload.push_back(engine_->kv_cache().queried_tokens());
+  payload.push_back(static_cast<int64_t>(stats.graph_replays.size()));
+  for (const auto& [size, count] : stats.graph_replays) {
+    payload.push_back(size);
+    payload.push_back(count);
+  }
+  for (RequestId id : engine_->request_ids()) Serialize(*engine_->request(id), &payload);
+  MLAG_ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> all, ExchangeAll(payload));
+  std::map<RequestId, RequestResult> by_id;
+  for (const auto& p : all) {
+    if (p.size() < 7) return absl::DataLossError("short result record");
+    result.engine_steps += p[0];
+    result.eager_steps += p[1];
+    result.dummy_steps += p[2];
+    result.preemptions += p[3];
+    result.prefix_hit_tokens += p[4];
+    result.prefix_queried_tokens += p[5];
+    if (p[6] < 0 || static_cast<size_t>(7 + 2 * p[6]) > p.size()) {
+      return absl::DataLossError("malformed result record");
+    }
+    size_t i = 7;
+    for (int64_t k = 0; k < p[6]; ++k, i += 2) result.graph_replays[static_cast<int>(p[i])] += p[i + 1];
+    MLAG_ASSIGN_OR_RETURN(auto reqs, Deserialize(std::vector<int64_t>(p.begin() + i, p.end())));
+    for (auto& r : reqs) {
+      by_id[r->id] = ResultOf(*r);
+    }
+  }
+  for (auto& [id, r] : by_id) result.requests.push_back(std::move(r));
+  MLAG_ASSIGN_OR_RETURN(int64_t capture_us,
+                        control_->AllReduceScalar(static_cast<int64_t>(result.capture_seconds * 1e6),
+                                                ReduceOp::kMax));
+  result.capture_seconds = capture_us / 1e6;
+  return result;
+}
+
+absl::StatusOr<EpRunResult> RunThreadedExpertParallel(
+    const EngineOptions& options, const EpOptions& ep, const std::vector<RequestSpec>& requests,
+    const std::vector<Communicator*>& worlds, const std::vector<Communicator*>& controls,
+    const std::vector<std::string>& devices) {
+  const int n = static_cast<int>(worlds.size());
+  if (n != ep.world || static_cast<int>(devices.size()) != n ||
+      (!controls.empty() && static_cast<int>(controls.size()) != n)) {
+    return absl::InvalidArgumentError("one communicator and one device per rank are needed");
+  }
+  std::vector<absl::StatusOr<EpRunResult>> results(n, absl::UnknownError("not run"));
+  // The rank threads share the host cores: each gets an equal share of
+  // OpenMP threads (omp_set_num_threads applies to the calling thread).
+  const int threads = std::max(1, omp_get_max_threads() / n);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < n; ++r) {
+    ranks.emplace_back([&, r] {
+      omp_set_num_threads(threads);
+      EngineOptions o = options;
+      o.device = devices[r];
+      auto rank = EpRank::Create(worlds[r], o, ep, controls.empty() ? nullptr : controls[r]);
+      if (!rank.ok()) {
+        results[r] = rank.status();
+        return;
+      }
+      results[r] = (*rank)->Run(requests);
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  // Report the rank that failed first: the others were aborted by it.
+  for (int r = 0; r < n; ++r) {
+    if (!results[r].ok() && results[r].status().code() != absl::StatusCode::kAborted) {
+      return absl::Status(results[r].status().code(),
+                          absl::StrCat("rank ", r, ": ", results[r].status().message()));
+    }
+  }
+  for (int r = 0; r < n; ++r) {
+    if (!results[r].ok()) {
+      return absl::Status(results[r].status().code(),
+                          absl::StrCat("rank ", r, ": ", results[r].status().message()));
+    }
+  }
+  return std::move(results[0]);
+}
+
+absl::StatusOr<EpRunResult> RunLocalExpertParallel(const EngineOptions& options,
+                                                   const EpOptions& ep,
+                                                   const std::vector<RequestSpec>& requests) {
+  if (ep.world < 1) return absl::InvalidArgumentError("--ep must be >= 1");
+  std::vector<std::unique_ptr<Communicator>> comms = LocalCommunicator::CreateGroup(ep.world);
+  std::vector<Communicator*> worlds;
+  for (auto& c : comms) worlds.push_back(c.get());
+  // Thread ranks share one host.
+  return RunThreadedExpertParallel(options, ep, requests, worlds, {},
+                                   std::vector<std::string>(ep.world, "host"));
+}
+
+}  // namespace mlag

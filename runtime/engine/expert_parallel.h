@@ -1,0 +1,138 @@
+// Expert parallelism across ranks: data-parallel attention (each rank has its
+// own requests, KV cache and prefix cache), expert-parallel MoE (each rank
+// holds a share of the routed experts), lockstep steps, and live
+// reconfiguration of the group from N to M ranks.
+//
+// The largest world is launched once; the active group is a Split of it, so
+// scaling down and back up are both re-splits. A reconfiguration runs at a
+// step boundary, on every rank of the world:
+//   checksum      KV checksum of the live pages (in use or prefix-cached,
+//                 and the null block) on every surviving rank
+//   save_metadata save the static attention metadata, fill it with dummies
+//   split         world.Split: ranks [0, M) form the new group
+//   migrate       move routed experts to their new owners over the world
+//                 (unchanged experts stay; local copies where possible)
+//   requeue       a leaving rank's unfinished requests go to the new group's
+//                 ranks, which recompute their KV and keep their tokens
+//   recapture     drop every graph, capture again with dummy runs (lockstep)
+//   restore       restore the saved metadata
+//   verify        checksum the same pages again: kv_pages_unchanged when
+//                 every surviving rank's live pages are bit-for-bit what
+//                 they were
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "comm/communicator.h"
+#include "comm/expert_placement.h"
+#include "runtime/engine/engine.h"
+
+namespace mlag {
+
+struct ReconfigureAt {
+  int step = 0;  // before driver step `step` (0-based)
+  int size = 0;  // new group size, in [1, world]
+};
+
+struct EpOptions {
+  int world = 1;                          // ranks launched: the largest group
+  std::vector<ReconfigureAt> reconfigure;  // in step order
+};
+
+// Parses "STEP:SIZE".
+absl::StatusOr<ReconfigureAt> ParseReconfigureAt(absl::string_view text);
+
+struct ReconfigurationReport {
+  int step = 0, from = 0, to = 0;
+  std::vector<std::pair<std::string, double>> seconds;  // phase -> seconds, in order
+  bool kv_pages_unchanged = false;
+  // Prefix-cache hits summed over the world when the reconfiguration began.
+  int64_t prefix_hit_tokens_before = 0;
+};
+
+struct EpRunResult {
+  std::vector<RequestResult> requests;  // by id
+  std::vector<ReconfigurationReport> reconfigurations;
+  int64_t driver_steps = 0;
+  // Summed over ranks.
+  int64_t engine_steps = 0, eager_steps = 0, dummy_steps = 0, preemptions = 0;
+  std::map<int, int64_t> graph_replays;
+  int64_t prefix_hit_tokens = 0, prefix_queried_tokens = 0;
+  double capture_seconds = 0.0;  // the initial capture, slowest rank
+};
+
+// One rank of an expert-parallel world.
+class EpRank {
+ public:
+  // Builds this rank's engine (its share of the experts under the even
+  // placement over the whole world) and captures its graphs in lockstep with
+  // the other ranks. `world` carries the data (MoE collectives, expert
+  // migration: device buffers); `control` (nullptr: `world`) carries the
+  // host-side exchanges (moved requests, gathered results) and must have the
+  // same ranks. With NCCL, `control` is the MPI world or a local group. Both
+  // must outlive the EpRank.
+  static absl::StatusOr<std::unique_ptr<EpRank>> Create(Communicator* world,
+                                                        const EngineOptions& options,
+                                                        const EpOptions& ep,
+                                                        Communicator* control = nullptr);
+
+  // Runs `requests` (request i, with id i, on rank i % world) to completion
+  // in lockstep with every other rank, applying the reconfigurations of the
+  // EpOptions. Every rank returns the same gathered result. A failure after
+  // the requests are admitted (a step, a reconfiguration, the final
+  // exchange) aborts this rank's communicators (Communicator::Abort), so
+  // the peers fail at once with that reason instead of waiting in their
+  // next collective.
+  absl::StatusOr<EpRunResult> Run(const std::vector<RequestSpec>& requests);
+
+  // Reconfigures the active group to `new_size` ranks (collective over the
+  // world). `step` is recorded in the report.
+  absl::StatusOr<ReconfigurationReport> Reconfigure(int step, int new_size);
+
+  Engine& engine() { return *engine_; }
+  int active_size() const { return active_; }
+  const ExpertPlacement& placement() const { return placement_; }
+
+ private:
+  EpRank() = default;
+  // Create's part after the group exists: placement and engine.
+  absl::Status BuildEngine(const EngineOptions& options);
+  // Run after validation: admits this rank's requests, steps to the end and
+  // gathers the results.
+  absl::StatusOr<EpRunResult> Drive(const std::vector<RequestSpec>& requests, EpRunResult result);
+  // Aborts the active group, the control and the world communicators.
+  void AbortGroups(const absl::Status& reason);
+  // Every rank's `mine`, on every rank (control-plane exchange over host memory).
+  absl::StatusOr<std::vector<std::vector<int64_t>>> ExchangeAll(const std::vector<int64_t>& mine);
+
+  Communicator* world_ = nullptr;
+  Communicator* control_ = nullptr;
+  std::unique_ptr<Communicator> group_;  // null while this rank is outside the group
+  std::unique_ptr<Communicator> pending_group_;  // the next group, during a reconfiguration
+  EpOptions ep_;
+  int active_ = 0;
+  ExpertPlacement placement_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Device> host_device_;
+  std::unique_ptr<Stream> host_stream_;  // control-plane collectives
+};
+
+// Runs `ep.world` thread ranks of the local backend in this process.
+absl::StatusOr<EpRunResult> RunLocalExpertParallel(const EngineOptions& options,
+                                                   const EpOptions& ep,
+                                                   const std::vector<RequestSpec>& requests);
+
+// Runs one thread rank per communicator in this process: rank r uses
+// `worlds[r]` for data, `controls[r]` for control (empty: the worlds) and
+// device `devices[r]` ("host", "cuda:1", ...). For several GPUs in one
+// process: NCCL worlds from NcclCommunicator::InitAll, local controls.
+absl::StatusOr<EpRunResult> RunThreadedExpertParallel(
+    const EngineOptions& options, const EpOptions& ep, const std::vector<RequestSpec>& requests,
+    const std::vector<Communicator*>& worlds, const std::vector<Communicator*>& controls,
+    const std::vector<std::string>& devices);
+
+}  // namespace mlag

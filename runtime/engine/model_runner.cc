@@ -1,0 +1,404 @@
+#include "runtime/engine/model_runner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/host/sampling.h"
+#include "kernels/sampling.h"
+#include "runtime/core/status.h"
+
+namespace mlag {
+
+absl::string_view GraphModeName(GraphMode mode) {
+  return mode == GraphMode::kNone ? "none" : "full-decode";
+}
+
+absl::StatusOr<GraphMode> ParseGraphMode(absl::string_view name) {
+  if (name == "none") return GraphMode::kNone;
+  if (name == "full-decode") return GraphMode::kFullDecode;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown graph mode '", name, "' (expected full-decode or none)"));
+}
+
+std::vector<int> DefaultCaptureSizes(int max_num_seqs, int max_num_batched_tokens) {
+  const int max_size = static_cast<int>(std::min<int64_t>(2 * int64_t{max_num_seqs}, 512));
+  std::vector<int> sizes = {1, 2, 4};
+  for (int s = 8; s < 256; s += 8) sizes.push_back(s);
+  for (int s = 256; s <= 512; s += 16) sizes.push_back(s);
+  std::vector<int> out;
+  for (int s : sizes) {
+    if (s <= max_size && s <= max_num_batched_tokens) out.push_back(s);
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(ModelSource& source,
+                                                                 Device* device,
+                                                                 const RunnerConfig& config) {
+  std::unique_ptr<ModelRunner> runner(new ModelRunner(device, config));
+  MLAG_RETURN_IF_ERROR(runner->Init(source));
+  return runner;
+}
+
+absl::Status ModelRunner::Init(ModelSource& source) {
+  const RunnerConfig& c = config_;
+  if (c.kv_dtype != DType::kF32 && c.kv_dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat("KV cache dtype ", DTypeName(c.kv_dtype),
+                                                   ": expected f32 or bf16"));
+  }
+  if (c.max_num_seqs < 1 || c.max_num_batched_tokens < 1 || c.block_size < 1 ||
+      c.num_blocks < 2 || c.max_model_len < 1) {
+    return absl::InvalidArgumentError(
+        "runner needs max_num_seqs, max_num_batched_tokens, block_size, max_model_len >= 1 "
+        "and at least 2 KV blocks");
+  }
+  capture_sizes_ = c.capture_sizes.empty()
+                       ? DefaultCaptureSizes(c.max_num_seqs, c.max_num_batched_tokens)
+                       : c.capture_sizes;
+  std::sort(capture_sizes_.begin(), capture_sizes_.end());
+  capture_sizes_.erase(std::unique(capture_sizes_.begin(), capture_sizes_.end()),
+                       capture_sizes_.end());
+  if (!capture_sizes_.empty() && capture_sizes_.front() < 1) {
+    return absl::InvalidArgumentError("capture sizes must be positive");
+  }
+  const int max_capture = capture_sizes_.empty() ? 0 : capture_sizes_.back();
+  max_rows_ = std::max(c.max_num_batched_tokens, max_capture);
+  max_seq_rows_ = std::max(c.max_num_seqs, max_capture);
+  max_blocks_per_seq_ = (c.max_model_len + c.block_size - 1) / c.block_size;
+
+  MLAG_ASSIGN_OR_RETURN(stream_, Stream::Create(device_));
+  ModelOptions mo;
+  mo.max_tokens = max_rows_;
+  mo.max_seqs = max_seq_rows_;
+  mo.local_experts = c.local_experts;
+  mo.max_ep_ranks = c.max_ep_ranks;
+  MLAG_ASSIGN_OR_RETURN(model_, BuildModel(source, device_, mo));
+
+  auto alloc = [&](DType dtype, std::initializer_list<int64_t> shape) -> absl::StatusOr<Tensor> {
+    Tensor probe(nullptr, dtype, shape);
+    MLAG_ASSIGN_OR_RETURN(Buffer b, device_->Allocate(probe.nbytes()));
+    std::vector<char> zeros(probe.nbytes(), 0);
+    MLAG_RETURN_IF_ERROR(device_->CopyFromHost(b.data(), zeros.data(), zeros.size()));
+    Tensor t = b.AsTensor(dtype, shape);
+    buffers_.push_back(std::move(b));
+    return t;
+  };
+  const ModelConfig& mc = model_->config();
+  for (int l = 0; l < mc.num_hidden_layers; ++l) {
+    MLAG_ASSIGN_OR_RETURN(Tensor cache, alloc(c.kv_dtype, {c.num_blocks, c.block_size,
+                                                            mc.kv_cache_row()}));
+    kv_caches_.push_back(cache);
+    model_->BindKvCache(l, cache);
+  }
+  const int64_t R = max_rows_, S = max_seq_rows_;
+  MLAG_ASSIGN_OR_RETURN(input_ids_, alloc(DType::kI32, {R}));
+  MLAG_ASSIGN_OR_RETURN(positions_, alloc(DType::kI32, {R}));
+  MLAG_ASSIGN_OR_RETURN(slot_mapping_, alloc(DType::kI64, {R}));
+  MLAG_ASSIGN_OR_RETURN(block_table_, alloc(DType::kI32, {S, max_blocks_per_seq_}));
+  MLAG_ASSIGN_OR_RETURN(seq_lens_, alloc(DType::kI32, {S}));
+  MLAG_ASSIGN_OR_RETURN(query_start_loc_, alloc(DType::kI32, {S + 1}));
+  MLAG_ASSIGN_OR_RETURN(logits_indices_, alloc(DType::kI32, {S}));
+  MLAG_ASSIGN_OR_RETURN(temperature_, alloc(DType::kF32, {S}));
+  MLAG_ASSIGN_OR_RETURN(top_k_, alloc(DType::kI32, {S}));
+  MLAG_ASSIGN_OR_RETURN(top_p_, alloc(DType::kF32, {S}));
+  MLAG_ASSIGN_OR_RETURN(seeds_, alloc(DType::kI64, {S}));
+  MLAG_ASSIGN_OR_RETURN(steps_, alloc(DType::kI64, {S}));
+  MLAG_ASSIGN_OR_RETURN(sampled_, alloc(DType::kI32, {S}));
+  return absl::OkStatus();
+}
+
+size_t ModelRunner::kv_bytes_per_token() const {
+  const ModelConfig& mc = model_->config();
+  return static_cast<size_t>(mc.num_hidden_layers) * mc.kv_cache_row() * DTypeSize(config_.kv_dtype);
+}
+
+const Graph* ModelRunner::graph(int size) const {
+  auto it = graphs_.find(size);
+  return it == graphs_.end() ? nullptr : it->second.get();
+}
+
+int ModelRunner::PaddedSize(int n) const {
+  for (int s : capture_sizes_) {
+    if (s >= n) return s;
+  }
+  return 0;
+}
+
+AttentionMetadata ModelRunner::Metadata(int num_tokens, int num_seqs, bool decode_only) const {
+  AttentionMetadata m;
+  m.num_tokens = num_tokens;
+  m.num_seqs = num_seqs;
+  m.decode_only = decode_only;
+  m.input_ids = Rows(input_ids_, num_tokens);
+  m.positions = Rows(positions_, num_tokens);
+  m.slot_mapping = Rows(slot_mapping_, num_tokens);
+  m.block_table = Rows(block_table_, num_seqs);
+  m.seq_lens = Rows(seq_lens_, num_seqs);
+  m.query_start_loc = Rows(query_start_loc_, num_seqs + 1);
+  m.logits_indices = Rows(logits_indices_, num_seqs);
+  return m;
+}
+
+absl::Status ModelRunner::RunOps(const AttentionMetadata& meta) {
+  MLAG_RETURN_IF_ERROR(model_->Forward(*stream_, meta));
+  const int B = meta.num_seqs;
+  NodeScope s(*stream_, "sample", OpKind::kKernel);
+  return Sample(*stream_, model_->logits(B), Rows(temperature_, B), Rows(top_k_, B),
+                Rows(top_p_, B), Rows(seeds_, B), Rows(steps_, B), Rows(sampled_, B));
+}
+
+// Host staging for the static buffers.
+struct ModelRunner::Staging {
+  std::vector<int32_t> ids, positions, block_table, seq_lens, qsl, logits_idx, top_k, sampled;
+  std::vector<int64_t> slots, seeds, steps;
+  std::vector<float> temperature, top_p;
+
+  void Resize(int rows, int seqs, int max_blocks) {
+    ids.assign(rows, 0);
+    positions.assign(rows, 0);
+    slots.assign(rows, -1);
+    block_table.assign(static_cast<size_t>(seqs) * max_blocks, 0);
+    seq_lens.assign(seqs, 0);
+    qsl.assign(seqs + 1, 0);
+    logits_idx.assign(seqs, 0);
+    temperature.assign(seqs, 0.0f);
+    top_k.assign(seqs, 0);
+    top_p.assign(seqs, 1.0f);
+    seeds.assign(seqs, 0);
+    steps.assign(seqs, 0);
+  }
+};
+
+namespace {
+
+template <typename T>
+absl::Status Upload(Device& device, const Tensor& dst, const std::vector<T>& src) {
+  return device.CopyFromHost(dst.data(), src.data(), src.size() * sizeof(T));
+}
+
+}  // namespace
+
+absl::Status ModelRunner::UploadStaging(const Staging& st) {
+  MLAG_RETURN_IF_ERROR(Upload(*device_, input_ids_, st.ids));
+  MLAG_RETURN_IF_ERROR(Upload(*device_, positions_, st.positions));
+  MLAG_RETURN_IF_ERROR(Upload(*device_, slot_mapping_, st.slots));
+  MLAG_RETURN_IF_ERROR(Upload(*device_, block_table_, st.block_table));
+  MLAG_RETURN_IF_ERROR(Upload(*device_, seq_lens_, st.seq_lens));
+  MLAG_RETURN_IF_ERROR(Upload(*device_, query_start_loc_, st.qsl));
+  MLAG_RETURN_IF_ERROR(Upload(*device_, logits_indices_, st.logits_idx));
+  MLAG_RETURN_IF_ERROR(Upload(*device_, temperature_, st.temperature));
+  MLAG_RETURN_IF_ERROR(Upload(*device_, top_k_, st.top_k));
+  MLAG_RETURN_IF_ERROR(Upload(*device_, top_p_, st.top_p));
+  MLAG_RETURN_IF_ERROR(Upload(*device_, seeds_, st.seeds));
+  return Upload(*device_, steps_, st.steps);
+}
+
+absl::Status ModelRunner::FillDummy(const StepPlan& plan) {
+  const int rows = plan.rows;
+  const int seqs = plan.decode ? rows : 1;
+  Staging st;
+  st.Resize(rows, seqs, max_blocks_per_seq_);
+  if (plan.decode) {
+    for (int i = 0; i < rows; ++i) {
+      st.qsl[i + 1] = i + 1;
+      st.logits_idx[i] = i;
+    }
+  }  // else one empty sequence: qsl = [0, 0], every token row belongs to none
+  return UploadStaging(st);
+}
+
+absl::Status ModelRunner::DummyStep(const StepPlan& plan) {
+  const int limit = plan.decode ? std::min(max_rows_, max_seq_rows_) : max_rows_;
+  if (plan.rows < 1 || plan.rows > limit) {
+    return absl::InvalidArgumentError(absl::StrCat("dummy step of ", plan.rows,
+                                                   " rows; the runner holds at most ", limit));
+  }
+  MLAG_RETURN_IF_ERROR(FillDummy(plan));
+  ++stats_.dummy_steps;
+  last_rows_ = plan.decode ? plan.rows : 1;
+  auto it = plan.decode ? graphs_.find(plan.rows) : graphs_.end();
+  if (it != graphs_.end()) {
+    // Wait for the replay as the eager path does: the next step's uploads
+    // overwrite the input buffers this graph reads.
+    MLAG_RETURN_IF_ERROR(it->second->Replay(*stream_));
+    return stream_->Synchronize();
+  }
+  MLAG_RETURN_IF_ERROR(RunOps(plan.decode ? Metadata(plan.rows, plan.rows, true)
+                                          : Metadata(plan.rows, 1, false)));
+  return stream_->Synchronize();
+}
+
+absl::Status ModelRunner::SaveAndClearMetadata() {
+  saved_metadata_.clear();
+  for (const Tensor* t : {&slot_mapping_, &block_table_, &seq_lens_, &query_start_loc_,
+                          &logits_indices_, &positions_, &input_ids_}) {
+    std::vector<char> bytes(t->nbytes());
+    MLAG_RETURN_IF_ERROR(device_->CopyToHost(bytes.data(), t->data(), bytes.size()));
+    saved_metadata_.push_back(std::move(bytes));
+  }
+  return FillDummy(StepPlan{std::min(max_rows_, max_seq_rows_), true});
+}
+
+absl::Status ModelRunner::RestoreMetadata() {
+  if (saved_metadata_.empty()) return absl::FailedPreconditionError("no saved metadata");
+  size_t i = 0;
+  for (const Tensor* t : {&slot_mapping_, &block_table_, &seq_lens_, &query_start_loc_,
+                          &logits_indices_, &positions_, &input_ids_}) {
+    MLAG_RETURN_IF_ERROR(
+        device_->CopyFromHost(t->data(), saved_metadata_[i].data(), saved_metadata_[i].size()));
+    ++i;
+  }
+  saved_metadata_.clear();
+  return absl::OkStatus();
+}
+
+StepPlan ModelRunner::Plan(absl::Span<const StepSequence> seqs) const {
+  int tokens = 0;
+  bool decode = !seqs.empty();
+  for (const StepSequence& s : seqs) {
+    tokens += static_cast<int>(s.new_tokens.size());
+    decode &= s.new_tokens.size() == 1;
+  }
+  if (!decode) return StepPlan{tokens, false};
+  return Agree(static_cast<int>(seqs.size()), true);
+}
+
+StepPlan ModelRunner::Agree(int max_rows, bool all_decode) const {
+  if (!all_decode) return StepPlan{max_rows, false};
+  const int padded = PaddedSize(max_rows);
+  return StepPlan{padded > 0 ? padded : max_rows, true};
+}
+
+absl::Status ModelRunner::CaptureGraphs() {
+  graphs_.clear();
+  if (config_.graph_mode == GraphMode::kNone) return absl::OkStatus();
+  auto t0 = std::chrono::steady_clock::now();
+  for (auto it = capture_sizes_.rbegin(); it != capture_sizes_.rend(); ++it) {
+    const int size = *it;
+    // Eager dummy warm-up, then the capture over the same dummy buffers.
+    MLAG_RETURN_IF_ERROR(FillDummy(StepPlan{size, true}));
+    MLAG_RETURN_IF_ERROR(RunOps(Metadata(size, size, true)));
+    MLAG_RETURN_IF_ERROR(stream_->BeginCapture());
+    absl::Status recorded = RunOps(Metadata(size, size, true));
+    auto graph = stream_->EndCapture();
+    MLAG_RETURN_IF_ERROR(recorded);
+    if (!graph.ok()) return graph.status();
+    graphs_[size] = std::move(*graph);
+  }
+  MLAG_RETURN_IF_ERROR(stream_->Synchronize());
+  stats_.capture_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> seqs,
+                                                const StepPlan* plan_in) {
+  const int B = static_cast<int>(seqs.size());
+  int T = 0;
+  bool decode_only = B > 0;
+  for (const StepSequence& s : seqs) {
+    T += static_cast<int>(s.new_tokens.size());
+    decode_only &= s.new_tokens.size() == 1;
+  }
+  if (B == 0 || T == 0) return absl::InvalidArgumentError("empty step");
+  if (B > config_.max_num_seqs || T > config_.max_num_batched_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step of ", B, " sequences / ", T, " tokens exceeds max_num_seqs ", config_.max_num_seqs,
+        " / max_num_batched_tokens ", config_.max_num_batched_tokens));
+  }
+  // Pure decode batches are padded to the smallest capture size in both graph
+  // modes: kNone runs the padded batch eagerly, so the two modes do the same
+  // arithmetic and give bit-identical results.
+  const StepPlan plan = plan_in != nullptr ? *plan_in : Plan(seqs);
+  if ((plan.decode && (!decode_only || plan.rows < B || plan.rows > max_seq_rows_)) ||
+      (!plan.decode && (plan.rows < T || plan.rows > max_rows_))) {
+    return absl::InvalidArgumentError(absl::StrCat("step plan of ", plan.rows, " rows (",
+                                                   plan.decode ? "decode" : "mixed",
+                                                   ") does not fit ", B, " sequences / ", T,
+                                                   " tokens"));
+  }
+  const bool replay = plan.decode && graphs_.count(plan.rows) > 0;
+  const int rows = plan.rows;
+  const int seq_rows = plan.decode ? plan.rows : B;
+  const int padded = replay ? plan.rows : 0;
+
+  Staging st;
+  st.Resize(rows, seq_rows, max_blocks_per_seq_);
+  const int bs = config_.block_size, mb = max_blocks_per_seq_;
+  int t = 0;
+  for (int b = 0; b < B; ++b) {
+    const StepSequence& s = seqs[b];
+    const int n = static_cast<int>(s.new_tokens.size());
+    const int end = s.start_position + n;
+    if (end > config_.max_model_len ||
+        static_cast<int64_t>(s.block_table.size()) * bs < end ||
+        static_cast<int>(s.block_table.size()) > mb) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", b, ": ", end, " tokens do not fit its ", s.block_table.size(),
+          " blocks or max_model_len ", config_.max_model_len));
+    }
+    for (int i = 0; i < n; ++i, ++t) {
+      const int pos = s.start_position + i;
+      st.ids[t] = s.new_tokens[i];
+      st.positions[t] = pos;
+      st.slots[t] = int64_t{s.block_table[pos / bs]} * bs + pos % bs;
+    }
+    std::copy(s.block_table.begin(), s.block_table.end(), st.block_table.begin() + int64_t{b} * mb);
+    st.seq_lens[b] = end;
+    st.qsl[b + 1] = t;
+    st.logits_idx[b] = t - 1;
+    st.temperature[b] = s.sampling.temperature;
+    st.top_k[b] = s.sampling.top_k;
+    st.top_p[b] = s.sampling.top_p;
+    st.seeds[b] = static_cast<int64_t>(s.sampling.seed);
+    st.steps[b] = s.output_index;
+  }
+  // Padding (decode plans): dummy tokens, one per padded sequence. Mixed plans
+  // pad with token rows of no sequence (already dummy in the staging).
+  for (int b = B; b < seq_rows; ++b) {
+    st.qsl[b + 1] = st.qsl[b] + 1;
+    st.logits_idx[b] = st.qsl[b];
+  }
+  MLAG_RETURN_IF_ERROR(UploadStaging(st));
+
+  StepResult result;
+  result.replayed = replay;
+  result.padded_size = rows;
+  last_rows_ = seq_rows;
+  if (replay) {
+    MLAG_RETURN_IF_ERROR(graphs_[padded]->Replay(*stream_));
+    ++stats_.graph_replays[padded];
+  } else {
+    MLAG_RETURN_IF_ERROR(RunOps(Metadata(rows, seq_rows, plan.decode)));
+    ++stats_.eager_steps;
+  }
+  MLAG_RETURN_IF_ERROR(stream_->Synchronize());
+  std::vector<int32_t> sampled(B);
+  MLAG_RETURN_IF_ERROR(device_->CopyToHost(sampled.data(), sampled_.data(), B * sizeof(int32_t)));
+  result.tokens.assign(B, -1);
+  result.logprobs.resize(B);
+  const int V = model_->config().vocab_size;
+  std::vector<float> row, top_logprobs;
+  std::vector<int32_t> top_tokens;
+  for (int b = 0; b < B; ++b) {
+    if (!seqs[b].sample) continue;
+    result.tokens[b] = sampled[b];
+    const int k = std::min(seqs[b].sampling.logprobs, V);
+    if (k <= 0) continue;
+    // Top-k log-probabilities of the model's distribution at this position.
+    row.resize(V);
+    MLAG_RETURN_IF_ERROR(device_->CopyToHost(
+        row.data(), static_cast<const float*>(model_->logits(seq_rows).data()) + int64_t{b} * V,
+        V * sizeof(float)));
+    top_tokens.resize(k);
+    top_logprobs.resize(k);
+    const int n = host::TopLogprobs(row.data(), V, k, top_tokens.data(), top_logprobs.data());
+    for (int i = 0; i < n; ++i) result.logprobs[b].push_back({top_tokens[i], top_logprobs[i]});
+  }
+  return result;
+}
+
+}  // namespace mlag

@@ -1,0 +1,195 @@
+// The model runner: static input buffers, the per-batch-size graphs, padding,
+// dummy runs and the KV cache memory.
+//
+// Graphs (GraphMode::kFullDecode): one full-model graph per capture size,
+// captured largest first after an eager dummy warm-up, all sharing the
+// model's one activation workspace and the static input buffers below. A pure
+// decode batch of B sequences is padded to the smallest captured size P >= B
+// (padding rows: token 0, position 0, slot -1, seq_len 0, block table of null
+// blocks) and replays graph P; the padded rows write no KV and their outputs
+// are dropped. Batches with prefill tokens, and decode batches above the
+// largest size, run eagerly at their exact size. GraphMode::kNone captures
+// nothing and runs everything eagerly, with decode batches padded to the same
+// sizes, so that both modes do the same arithmetic (host sgemm and the MoE
+// grouping are not batch-invariant to the last bit).
+//
+// Dummy runs (DummyStep) use the same path with every row a padding row. They
+// are how warm-up and capture run, and how an idle expert-parallel rank or a
+// reconfiguration exercises the graphs, and they never touch a live KV page:
+// every slot is -1, so kv_update writes nothing, and seq_len 0 makes attention
+// produce zeros.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "comm/communicator.h"
+#include "layers/deepseek_model.h"
+#include "runtime/checkpoint/model_loader.h"
+#include "runtime/engine/request.h"
+
+namespace mlag {
+
+enum class GraphMode { kNone, kFullDecode };
+
+// "none", "full-decode".
+absl::string_view GraphModeName(GraphMode mode);
+absl::StatusOr<GraphMode> ParseGraphMode(absl::string_view name);
+
+// [1, 2, 4] + multiples of 8 below 256 + multiples of 16 from 256 up to
+// min(2 * max_num_seqs, 512), clipped to max_num_batched_tokens.
+std::vector<int> DefaultCaptureSizes(int max_num_seqs, int max_num_batched_tokens);
+
+struct RunnerConfig {
+  int max_num_seqs = 64;
+  int max_num_batched_tokens = 512;
+  int max_model_len = 256;
+  int max_ep_ranks = 1;  // largest expert-parallel group (sizes its buffers)
+  DType kv_dtype = DType::kF32;  // KV cache element type: f32 or bf16
+  int block_size = 64;
+  int num_blocks = 64;  // including the null block 0
+  GraphMode graph_mode = GraphMode::kFullDecode;
+  std::vector<int> capture_sizes;  // empty: DefaultCaptureSizes
+  std::vector<int> local_experts;  // empty: all routed experts
+};
+
+// One sequence of a step, as the runner sees it.
+struct StepSequence {
+  absl::Span<const int32_t> new_tokens;  // tokens to compute this step
+  int start_position = 0;                // position of new_tokens[0]
+  absl::Span<const int> block_table;     // the sequence's blocks (covers every position)
+  bool sample = false;                   // sample a token from the last position
+  SamplingParams sampling;
+  int64_t output_index = 0;              // RNG step: number of tokens generated so far
+};
+
+// The shape a step runs with. decode: every sequence has one token and the
+// batch is laid out as `rows` sequences (padding sequences included), which
+// can replay the graph of that size; otherwise `rows` token rows (padding
+// rows belong to no sequence) run eagerly.
+struct StepPlan {
+  int rows = 0;
+  bool decode = false;
+};
+
+struct StepResult {
+  std::vector<int32_t> tokens;  // per sequence; -1 where sample was false
+  std::vector<std::vector<TokenLogprob>> logprobs;  // per sequence, when asked for
+  bool replayed = false;        // a captured graph ran
+  int padded_size = 0;          // rows the step ran with
+};
+
+struct RunnerStats {
+  std::map<int, int64_t> graph_replays;  // capture size -> replays
+  int64_t eager_steps = 0;
+  int64_t dummy_steps = 0;
+  double capture_seconds = 0.0;  // the last CaptureGraphs
+};
+
+class ModelRunner {
+ public:
+  // Builds the model and allocates the KV cache and static buffers. Does not
+  // capture: call CaptureGraphs.
+  static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(ModelSource& source, Device* device,
+                                                             const RunnerConfig& config);
+
+  // Drops every graph and captures one per capture size (kFullDecode), largest
+  // first, each after an eager dummy warm-up. No-op for kNone.
+  absl::Status CaptureGraphs();
+  void DropGraphs() { graphs_.clear(); }
+
+  // The plan this runner would choose for `seqs` alone: a pure decode batch
+  // padded to the smallest capture size (its exact size above the largest),
+  // otherwise the token count.
+  StepPlan Plan(absl::Span<const StepSequence> seqs) const;
+  // The plan every rank of an expert-parallel group runs with, given the
+  // largest rows and whether all ranks' plans were decode plans: the same on
+  // every rank, so their collectives match.
+  StepPlan Agree(int max_rows, bool all_decode) const;
+
+  // Runs one step over `seqs` (at most max_num_seqs, at most
+  // max_num_batched_tokens tokens in all) with `plan` (nullptr: Plan(seqs)).
+  // A plan may only add padding: plan->rows >= what `seqs` needs.
+  absl::StatusOr<StepResult> Execute(absl::Span<const StepSequence> seqs,
+                                     const StepPlan* plan = nullptr);
+
+  // A run of dummy rows only: `plan.rows` padding sequences (decode layout:
+  // the graph of that size when captured) or token rows of no sequence.
+  // Writes no KV and reads none. Safe at any step boundary.
+  absl::Status DummyStep(const StepPlan& plan);
+  absl::Status DummyStep(int padded_size) { return DummyStep(StepPlan{padded_size, true}); }
+
+  // Saves the static attention-metadata buffers (block tables, sequence
+  // lengths, slots) and overwrites them with dummy values; RestoreMetadata
+  // puts them back. Around a reconfiguration's re-capture, so nothing but
+  // dummy metadata is visible while graphs are rebuilt.
+  absl::Status SaveAndClearMetadata();
+  absl::Status RestoreMetadata();
+
+  // Sets the expert-parallel group the model dispatches over. Graphs captured
+  // with another group must be dropped and captured again.
+  absl::Status SetExpertGroup(Communicator* group) { return model_->SetExpertGroup(group); }
+
+  // Fills every KV cache block with seeded random values. For benchmarks,
+  // whose timing does not depend on what the cache holds.
+  absl::Status FillKvCache(uint64_t seed);
+
+  // Checksums of KV cache blocks over every layer: one per listed block.
+  absl::StatusOr<std::vector<uint64_t>> BlockChecksums(absl::Span<const int> blocks) const;
+  // One checksum over the listed blocks (all blocks when empty).
+  absl::StatusOr<uint64_t> KvChecksum(absl::Span<const int> blocks) const;
+
+  // f32 [rows, V]: the logits of the last step (rows as run, padding included).
+  Tensor last_logits() const { return model_->logits(last_rows_); }
+
+  const std::vector<int>& capture_sizes() const { return capture_sizes_; }
+  const Graph* graph(int size) const;
+  int num_graphs() const { return static_cast<int>(graphs_.size()); }
+  const RunnerStats& stats() const { return stats_; }
+  const RunnerConfig& config() const { return config_; }
+  DeepseekModel& model() { return *model_; }
+  Stream& stream() { return *stream_; }
+  Device& device() { return *device_; }
+  int max_blocks_per_seq() const { return max_blocks_per_seq_; }
+  size_t kv_bytes_per_token() const;
+
+ private:
+  ModelRunner(Device* device, const RunnerConfig& config) : device_(device), config_(config) {}
+  absl::Status Init(ModelSource& source);
+  // Metadata over the first `rows` rows of the static buffers.
+  AttentionMetadata Metadata(int num_tokens, int num_seqs, bool decode_only) const;
+  // Host-side values of every static input buffer (defined in the .cc).
+  struct Staging;
+  // Copies a staging into the static buffers.
+  absl::Status UploadStaging(const Staging& st);
+  // Writes a dummy step of `plan` into the static buffers.
+  absl::Status FillDummy(const StepPlan& plan);
+  // Forward + sampling on the static buffers (eager or recorded).
+  absl::Status RunOps(const AttentionMetadata& meta);
+  // Smallest captured size >= n, or 0.
+  int PaddedSize(int n) const;
+
+  Device* device_;
+  RunnerConfig config_;
+  std::unique_ptr<Stream> stream_;
+  std::unique_ptr<DeepseekModel> model_;
+  std::vector<int> capture_sizes_;  // ascending
+  int max_rows_ = 0;                // rows of the static buffers (tokens)
+  int max_seq_rows_ = 0;            // rows of the per-sequence buffers
+  int max_blocks_per_seq_ = 0;
+  std::vector<Buffer> buffers_;
+  std::vector<Tensor> kv_caches_;   // per layer [num_blocks, block_size, row]
+  // Static input buffers.
+  Tensor input_ids_, positions_, slot_mapping_;                       // [max_rows]
+  Tensor block_table_, seq_lens_, query_start_loc_, logits_indices_;  // per sequence
+  Tensor temperature_, top_k_, top_p_, seeds_, steps_, sampled_;      // per sequence
+  std::map<int, std::unique_ptr<Graph>> graphs_;
+  std::vector<std::vector<char>> saved_metadata_;
+  RunnerStats stats_;
+  int last_rows_ = 1;
+};
+
+}  // namespace mlag

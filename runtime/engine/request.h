@@ -1,0 +1,77 @@
+// A generation request and its life in the engine.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+
+namespace mlag {
+
+using RequestId = int64_t;
+
+struct SamplingParams {
+  float temperature = 0.0f;  // <= 0: greedy
+  int top_k = 0;             // <= 0: no top-k cut
+  float top_p = 1.0f;        // >= 1: no top-p cut
+  uint64_t seed = 0;         // per-request RNG seed (draws are keyed by seed and step)
+  int logprobs = 0;          // top-K log-probabilities to return per generated token
+};
+
+struct RequestSpec {
+  std::vector<int32_t> prompt;
+  int max_tokens = 16;
+  std::vector<int32_t> stop_token_ids;
+  SamplingParams sampling;
+};
+
+enum class RequestState { kWaiting, kRunning, kFinished };
+enum class FinishReason { kNone, kLength, kStop, kAbort };
+
+// "", "length", "stop", "abort".
+absl::string_view FinishReasonName(FinishReason reason);
+
+// One log-probability entry: a token and its log-probability.
+struct TokenLogprob {
+  int32_t token;
+  float logprob;
+};
+
+struct Request {
+  RequestId id = 0;
+  RequestSpec spec;
+  // The prompt followed by every generated token. Tokens [0,
+  // num_computed_tokens) have their latents in the KV cache.
+  std::vector<int32_t> tokens;
+  int num_prompt_tokens = 0;
+  int num_computed_tokens = 0;
+  RequestState state = RequestState::kWaiting;
+  FinishReason finish_reason = FinishReason::kNone;
+  int num_preemptions = 0;
+  // Per generated token: its top-`logprobs` alternatives (when asked for).
+  std::vector<std::vector<TokenLogprob>> logprobs;
+
+  int num_tokens() const { return static_cast<int>(tokens.size()); }
+  int num_output_tokens() const { return num_tokens() - num_prompt_tokens; }
+  bool finished() const { return state == RequestState::kFinished; }
+  std::vector<int32_t> output_tokens() const {
+    return std::vector<int32_t>(tokens.begin() + num_prompt_tokens, tokens.end());
+  }
+};
+
+// What a finished (or aborted) request produced, detached from the engine
+// that ran it: for reports, and for results gathered across ranks.
+struct RequestResult {
+  RequestId id = 0;
+  int prompt_tokens = 0;
+  std::vector<int32_t> output_tokens;
+  FinishReason finish_reason = FinishReason::kNone;
+  std::vector<std::vector<TokenLogprob>> logprobs;  // per output token, when asked for
+};
+
+inline RequestResult ResultOf(const Request& r) {
+  return {r.id, r.num_prompt_tokens, r.output_tokens(), r.finish_reason, r.logprobs};
+}
+
+}  // namespace mlag
