@@ -1,5 +1,6 @@
 // MLA attention over the paged latent cache, in the absorbed form
-// (SPEC-deepseek §3): MQA with shared key [c_kv; k_pe] and shared value c_kv.
+// (DeepSeek-V2 paper, arXiv:2405.04434, §2.1.2): MQA with shared key
+// [c_kv; k_pe] and shared value c_kv.
 // These kernels only read the cache; the kv_update node writes it first.
 //
 // Shapes and dtypes (all f32 unless noted):

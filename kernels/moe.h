@@ -1,4 +1,5 @@
-// Mixture-of-experts: routing (SPEC-deepseek §4) and the routed experts.
+// Mixture-of-experts: routing (MoEGate in the Hugging Face modeling_deepseek.py)
+// and the routed experts.
 #pragma once
 
 #include <cstddef>

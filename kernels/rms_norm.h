@@ -1,7 +1,8 @@
 // RMSNorm, and the fused residual-add + RMSNorm of a decoder layer.
 //
 // y = w * cast_to_x_dtype(x32 * rsqrt(mean(x32^2) + eps)), computed in f32
-// (SPEC-deepseek §5). Row-major tensors, rows may be strided.
+// (DeepseekV2RMSNorm in the Hugging Face modeling_deepseek.py). Row-major
+// tensors, rows may be strided.
 #pragma once
 
 #include "absl/status/status.h"

@@ -1,5 +1,6 @@
 // Rotary position embedding with YaRN scaling, on interleaved pairs
-// (SPEC-deepseek §3): pair i of a rope vector is (x[2i], x[2i+1]) and rotates
+// as DeepSeek's checkpoints store the rope dims: pair i of a rope vector is
+// (x[2i], x[2i+1]) and rotates
 // by angle p * inv_freq[i].
 #pragma once
 
@@ -26,7 +27,8 @@ struct RopeParams {
   double mscale_all_dim = 0.0;
 };
 
-// YaRN correction range [lo, hi] in pair indices (SPEC §3), as f32 math.
+// YaRN correction range [lo, hi] in pair indices (yarn_find_correction_range in
+// modeling_deepseek.py), as f32 math.
 struct YarnRange {
   float lo;
   float hi;

@@ -70,12 +70,12 @@ absl::Status DeepseekModel::Load(WeightSource& source) {
     for (auto& block : blocks_) block->attention().SetDecodeWorkspace(&decode_workspace_);
   }
 
-  // Activations for the largest batch, allocated once.
-  MLAG_ASSIGN_OR_RETURN(Buffer ws, device_->Allocate(Activations::Bytes(
+  // Activation buffers for the largest batch, allocated once.
+  MLAG_ASSIGN_OR_RETURN(Buffer ws, device_->Allocate(ActivationBuffers::Bytes(
                                        c, options_.max_tokens, options_.max_seqs,
                                        options_.max_ep_ranks)));
   workspace_ = Workspace(std::move(ws));
-  MLAG_ASSIGN_OR_RETURN(acts_, Activations::Allocate(c, options_.max_tokens, options_.max_seqs,
+  MLAG_ASSIGN_OR_RETURN(acts_, ActivationBuffers::Allocate(c, options_.max_tokens, options_.max_seqs,
                                                      options_.max_ep_ranks, workspace_));
   return absl::OkStatus();
 }

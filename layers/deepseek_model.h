@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "layers/activations.h"
+#include "layers/activation_buffers.h"
 #include "layers/attention_metadata.h"
 #include "layers/mla_block.h"
 #include "layers/mlp.h"
@@ -44,7 +44,6 @@ class DeepseekModel {
   // group of one: every routed expert computed here). Its size must not
   // exceed options().max_ep_ranks.
   absl::Status SetExpertGroup(Communicator* group);
-  Communicator* expert_group() const { return ep_group_; }
 
   // Moves the routed experts of every MoE layer from placement `from` to `to`
   // over `world` (see Moe::MigrateExperts). Graphs captured before hold the
@@ -82,7 +81,6 @@ class DeepseekModel {
 
   const ModelConfig& config() const { return config_; }
   const ModelOptions& options() const { return options_; }
-  int num_layers() const { return config_.num_hidden_layers; }
   MlaAttention& attention(int layer) { return blocks_[layer]->attention(); }
   Device& device() const { return *device_; }
   // Bytes of every parameter held (the arena plus the routed experts).
@@ -97,7 +95,7 @@ class DeepseekModel {
   ModelOptions options_;
   WeightArena arena_;
   Workspace workspace_;
-  Activations acts_;
+  ActivationBuffers acts_;
   Tensor rope_table_;  // [max_position_embeddings, dr]
   MlaDecodeWorkspace decode_workspace_;  // CUDA split-KV scratch (empty on the host)
   Tensor embed_, final_norm_, lm_head_;

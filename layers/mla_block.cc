@@ -53,7 +53,7 @@ absl::Status MlaBlock::Load(WeightArena& arena, WeightSource& source) {
 }
 
 absl::Status MlaBlock::Forward(Stream& stream, const AttentionMetadata& meta,
-                               const Tensor& rope_table, const Activations& acts,
+                               const Tensor& rope_table, const ActivationBuffers& acts,
                                const Tensor& x_in, const Tensor& out_in) const {
   const ModelConfig& c = config_;
   const int64_t T = meta.num_tokens, H = c.num_attention_heads, R = c.kv_lora_rank;

@@ -1,14 +1,14 @@
 // The attention block of a DeepSeek decoder layer around MlaAttention: the
 // query path (q_a_proj -> q_a_layernorm -> q_b_proj, or q_proj without q
 // LoRA), kv_a_proj_with_mqa and kv_a_layernorm, rope, the absorbed attention,
-// and o_proj (SPEC-deepseek §3).
+// and o_proj (DeepseekV2Attention in the Hugging Face modeling_deepseek.py).
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "absl/status/status.h"
-#include "layers/activations.h"
+#include "layers/activation_buffers.h"
 #include "layers/attention_metadata.h"
 #include "layers/mla_attention.h"
 #include "layers/model_config.h"
@@ -27,7 +27,7 @@ class MlaBlock {
   // x: [>=T, D] normed hidden states; rope_table from FillRopeTable; scratch
   // buffers from `acts`.
   absl::Status Forward(Stream& stream, const AttentionMetadata& meta, const Tensor& rope_table,
-                       const Activations& acts, const Tensor& x, const Tensor& out) const;
+                       const ActivationBuffers& acts, const Tensor& x, const Tensor& out) const;
 
   MlaAttention& attention() { return *attention_; }
   const MlaAttention& attention() const { return *attention_; }

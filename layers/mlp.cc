@@ -3,7 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/activation.h"
 #include "kernels/linear.h"
-#include "layers/activations.h"
+#include "layers/activation_buffers.h"
 #include "runtime/core/status.h"
 
 namespace mlag {

@@ -1,6 +1,6 @@
 // The shape and behaviour of a DeepSeek-V2/V3 model, as config.json states it
-// (SPEC-deepseek §1). Parsing and writing config.json live in
-// runtime/model_config_json.h; this struct is what the layers are built from.
+// (DeepseekV2Config / DeepseekV3Config in Hugging Face transformers). Parsing
+// and writing config.json live in runtime/checkpoint/model_config_json.h; this struct is what the layers are built from.
 #pragma once
 
 #include <string>

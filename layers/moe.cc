@@ -132,7 +132,7 @@ size_t Moe::expert_bytes() const {
   return size_t{3} * config_.moe_intermediate_size * config_.hidden_size * sizeof(float);
 }
 
-absl::Status Moe::Forward(Stream& stream, const Activations& acts, const Tensor& x,
+absl::Status Moe::Forward(Stream& stream, const ActivationBuffers& acts, const Tensor& x,
                           const Tensor& out, std::vector<int32_t>* routing_record,
                           Communicator* ep) const {
   const int64_t T = x.size(0);

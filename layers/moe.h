@@ -1,6 +1,7 @@
 // A DeepSeekMoE feed-forward block: the router (gate linear in f32, then
 // MoeRoute), the routed experts this rank holds, and the shared experts:
-// FFN(x) = sum_k w_k f_{id_k}(x) + f_shared(x)  (SPEC-deepseek §4).
+// FFN(x) = sum_k w_k f_{id_k}(x) + f_shared(x)  (DeepseekV2MoE in the Hugging
+// Face modeling_deepseek.py).
 //
 // The block holds a subset of the routed experts, named by their global ids;
 // expert_map sends each global id to its local slot or -1. With every expert
@@ -15,7 +16,7 @@
 #include "absl/status/status.h"
 #include "comm/communicator.h"
 #include "comm/expert_placement.h"
-#include "layers/activations.h"
+#include "layers/activation_buffers.h"
 #include "layers/mlp.h"
 #include "layers/model_config.h"
 #include "layers/weight_arena.h"
@@ -39,7 +40,7 @@ class Moe {
   // tokens, ids and weights of every rank), the local experts over all N*T
   // rows, combine (reduce-scatter the partial sums back to their ranks). The
   // shared experts run on the rank's own tokens.
-  absl::Status Forward(Stream& stream, const Activations& acts, const Tensor& x,
+  absl::Status Forward(Stream& stream, const ActivationBuffers& acts, const Tensor& x,
                        const Tensor& out, std::vector<int32_t>* routing_record = nullptr,
                        Communicator* ep = nullptr) const;
 

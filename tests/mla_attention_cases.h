@@ -19,6 +19,7 @@
 #include "runtime/core/scalar_types.h"
 #include "kernels/mla_attention.h"
 #include "runtime/core/dtype.h"
+#include "tests/status_matchers.h"
 #include "tests/test_util.h"
 
 namespace mlag::mla_cases {
@@ -162,7 +163,7 @@ inline Outputs HostDecode(const Dims& d, const Paged& p, const Queries& q, int b
   Outputs o = PoisonedOutputs(d, batch);
   const absl::Status st = MlaDecode(HostStream(), q.q_latent, q.q_pe, p.cache.t, p.block_table.t,
                                     p.seq_lens.t, q.scale, o.out.t, o.lse.t);
-  EXPECT_TRUE(st.ok()) << st;
+  EXPECT_OK(st);
   return o;
 }
 

@@ -218,7 +218,7 @@ int Run(const RunFlags& f) {
 
   RunReport report;
   report.with_logprobs = f.logprobs > 0;
-  report.graph_mode = f.engine.graph_mode;
+  report.graph_mode = std::string(GraphModeName(options->graph_mode));
   for (const auto& p : prompts) report.tokens_in += static_cast<int64_t>(p.size());
   bool prints = true;
   const auto t_create = Clock::now();

@@ -1,6 +1,7 @@
 // Rotary-embedding math shared by the host and CUDA rope kernels
-// (SPEC-deepseek §3): interleaved pair rotation and the YaRN inverse
-// frequencies. Standard library only (see kernels/common/hd.h).
+// (DeepSeek-V2 paper, arXiv:2405.04434, §2.1.3; the YaRN functions of the Hugging
+// Face modeling_deepseek.py): interleaved pair rotation and the YaRN inverse
+// frequencies. Standard library only (see runtime/core/host_device.h).
 //
 // Layout: a rope vector x of length dr holds dr/2 interleaved pairs
 // (x[2i], x[2i+1]); pair i rotates by angle p * inv_freq[i]. A rope table row

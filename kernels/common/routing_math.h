@@ -1,5 +1,6 @@
 // MoE routing math shared by the host router and the CUDA router
-// (SPEC-deepseek §4): the ranking rule and the small top-k selections.
+// (MoEGate in the Hugging Face modeling_deepseek.py): the ranking rule and the
+// small top-k selections.
 //
 // Ranking rule, everywhere in routing: a higher score wins; equal scores go to
 // the lower index (expert id or group id). The rule is a strict total order on

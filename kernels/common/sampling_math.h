@@ -1,5 +1,5 @@
 // Token-sampling math shared by the host and CUDA samplers
-// (kernels/sampling.h). Standard library only (see kernels/common/hd.h).
+// (kernels/sampling.h). Standard library only (see runtime/core/host_device.h).
 //
 // The two backends must draw the same token from the same logits, seed and
 // step, and a CUDA block cannot add doubles in the host's order. So sampling

@@ -1,5 +1,5 @@
 // Online softmax and log-sum-exp merging, shared by the host and CUDA
-// attention kernels. Standard library only (see kernels/common/hd.h).
+// attention kernels. Standard library only (see runtime/core/host_device.h).
 //
 // A softmax over a stream of scores keeps a running maximum m and a running
 // sum l = sum exp(score - m); an accumulator o = sum exp(score - m) v is

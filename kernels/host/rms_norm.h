@@ -3,7 +3,8 @@
 //
 // Arithmetic: the sum of squares of a row is accumulated in double (the row is
 // held in f32); everything else is f32, with the normalised value rounded to
-// the input's dtype before the weight multiplies it (SPEC-deepseek §5).
+// the input's dtype before the weight multiplies it (as DeepseekV2RMSNorm in
+// the Hugging Face modeling_deepseek.py).
 #pragma once
 
 #include "runtime/core/tensor.h"

@@ -12,7 +12,8 @@
 namespace mlag {
 namespace {
 
-// SPEC-deepseek §6 variant A.
+// tiny-v3: every dimension distinct and every V3 path taken (q LoRA, sigmoid
+// noaux_tc routing with groups, YaRN rope).
 ModelConfig TinyV3() {
   ModelConfig c;
   c.model_type = "deepseek_v3";

@@ -1,7 +1,8 @@
 // Built-in models with seeded weights, generated in memory, so every command
-// works offline (SPEC-deepseek §6):
-//   tiny-v3  variant A: V3 path (q LoRA, sigmoid noaux_tc routing, YaRN)
-//   tiny-v2  variant B: V2 path (q_proj, softmax group_limited_greedy)
+// works offline. The tiny ones have every dimension distinct, so a mixed-up
+// axis cannot pass unnoticed:
+//   tiny-v3  V3 path (q LoRA, sigmoid noaux_tc routing, YaRN)
+//   tiny-v2  V2 path (q_proj, softmax group_limited_greedy)
 //   small    V2-Lite widths (hidden 2048, 16 heads, kv_lora 512, 64 experts
 //            top-6, 2 shared) with 4 layers and a 32000-token vocabulary
 //   v2-lite-8l  V2-Lite's shapes (vocabulary 102400) with 8 of its 27 layers,

@@ -1,4 +1,5 @@
-// The Hugging Face DeepSeek-V2/V3 checkpoint layout (SPEC-deepseek §2): every
+// The Hugging Face DeepSeek-V2/V3 checkpoint layout (the parameter names of
+// modeling_deepseek.py, as the released checkpoints store them): every
 // tensor a config implies, with its shape. Used to generate the built-in
 // models, to export them, and to tell an unexpected tensor from a missing one.
 #pragma once

@@ -1,5 +1,5 @@
-// config.json <-> ModelConfig (SPEC-deepseek §1), in the Hugging Face
-// DeepSeek-V2/V3 layout.
+// config.json <-> ModelConfig, in the Hugging Face DeepSeek-V2/V3 layout (the
+// fields of DeepseekV2Config / DeepseekV3Config).
 //
 // Parsing is strict about what changes the model and lenient about
 // bookkeeping: a missing shape field, a value of the wrong JSON type, an

@@ -84,7 +84,6 @@ class Device {
 
   // Captures in flight on streams of this device (maintained by Stream).
   void AddCapture(int delta) { active_captures_ += delta; }
-  int active_captures() const { return active_captures_.load(); }
 
  private:
   Device(DeviceKind kind, int index) : kind_(kind), index_(index) {}

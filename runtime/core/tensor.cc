@@ -86,13 +86,6 @@ absl::StatusOr<Tensor> Tensor::Reshape(absl::Span<const int64_t> shape) const {
   return Tensor(data_, dtype_, shape, device_);
 }
 
-Tensor Tensor::WithDType(DType dtype) const {
-  assert(DTypeSize(dtype) == DTypeSize(dtype_));
-  Tensor t = *this;
-  t.dtype_ = dtype;
-  return t;
-}
-
 void* Tensor::ElementPtr(absl::Span<const int64_t> index) const {
   int64_t off = 0;
   for (int d = 0; d < ndim_; ++d) off += index[d] * strides_[d];

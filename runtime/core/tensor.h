@@ -73,8 +73,6 @@ class Tensor {
   absl::StatusOr<Tensor> Reshape(std::initializer_list<int64_t> shape) const {
     return Reshape(absl::Span<const int64_t>(shape.begin(), shape.size()));
   }
-  // Same memory reinterpreted as another dtype of the same element size.
-  Tensor WithDType(DType dtype) const;
 
   // Address of the element at `index` (one entry per dimension).
   void* ElementPtr(absl::Span<const int64_t> index) const;

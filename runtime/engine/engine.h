@@ -120,7 +120,6 @@ class Engine {
   // Switches the expert-parallel group (nullptr: none). Drops every graph;
   // call CaptureGraphs (in lockstep over the new group) before the next step.
   absl::Status SetExpertGroup(Communicator* group);
-  Communicator* expert_group() const { return options_.ep_group; }
 
   // Finishes a request with reason "abort" and frees its blocks.
   absl::Status Abort(RequestId id);

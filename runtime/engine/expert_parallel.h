@@ -94,7 +94,6 @@ class EpRank {
   absl::StatusOr<ReconfigurationReport> Reconfigure(int step, int new_size);
 
   Engine& engine() { return *engine_; }
-  int active_size() const { return active_; }
   const ExpertPlacement& placement() const { return placement_; }
 
  private:

@@ -77,7 +77,6 @@ class KvCacheManager {
   int block_size() const { return block_size_; }
   int num_free_blocks() const { return pool_.num_free_blocks(); }
   int num_blocks() const { return pool_.num_blocks(); }
-  bool prefix_caching_enabled() const { return enable_prefix_caching_; }
   // Prefix-cache statistics over all AcquireCachedPrefix calls that looked.
   int64_t hit_tokens() const { return hit_tokens_; }
   int64_t queried_tokens() const { return queried_tokens_; }

@@ -35,13 +35,6 @@ struct SchedulerOutput {
   int num_tokens = 0;
   std::vector<RequestId> preempted;
   bool empty() const { return scheduled.empty(); }
-  // Every scheduled request computes exactly one token.
-  bool decode_only() const {
-    for (const ScheduledRequest& s : scheduled) {
-      if (s.num_new_tokens != 1) return false;
-    }
-    return !scheduled.empty();
-  }
 };
 
 class Scheduler {
@@ -71,8 +64,6 @@ class Scheduler {
   void Remove(Request* request);
 
   bool HasUnfinished() const { return !waiting_.empty() || !running_.empty(); }
-  int num_running() const { return static_cast<int>(running_.size()); }
-  int num_waiting() const { return static_cast<int>(waiting_.size()); }
   int64_t num_preemptions() const { return num_preemptions_; }
   const std::vector<Request*>& running() const { return running_; }
 

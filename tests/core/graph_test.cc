@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 #include "kernels/elementwise.h"
 #include "runtime/core/device.h"
 #include "runtime/core/stream.h"
@@ -40,12 +41,12 @@ class GraphTest : public ::testing::Test {
   }
 
   void Upload(const Tensor& t, const std::vector<float>& v) {
-    ASSERT_TRUE(device_->CopyFromHost(t.data(), v.data(), v.size() * sizeof(float)).ok());
+    ASSERT_OK(device_->CopyFromHost(t.data(), v.data(), v.size() * sizeof(float)));
   }
   std::vector<float> Download(const Tensor& t) {
     std::vector<float> v(kN);
-    EXPECT_TRUE(stream_->Synchronize().ok());
-    EXPECT_TRUE(device_->CopyToHost(v.data(), t.data(), kN * sizeof(float)).ok());
+    EXPECT_OK(stream_->Synchronize());
+    EXPECT_OK(device_->CopyToHost(v.data(), t.data(), kN * sizeof(float)));
     return v;
   }
   std::vector<float> Random(uint32_t seed) {
@@ -77,10 +78,10 @@ class GraphTest : public ::testing::Test {
 };
 
 TEST_F(GraphTest, NodesKeepNamesAndKindsInLaunchOrder) {
-  ASSERT_TRUE(stream_->BeginCapture().ok());
-  ASSERT_TRUE(LaunchOps().ok());
+  ASSERT_OK(stream_->BeginCapture());
+  ASSERT_OK(LaunchOps());
   auto graph = stream_->EndCapture();
-  ASSERT_TRUE(graph.ok()) << graph.status();
+  ASSERT_OK(graph);
   const auto& nodes = (*graph)->nodes();
   ASSERT_EQ(nodes.size(), 3u);
   EXPECT_EQ(nodes[0].name, "step.halve");
@@ -92,9 +93,9 @@ TEST_F(GraphTest, NodesKeepNamesAndKindsInLaunchOrder) {
 }
 
 TEST_F(GraphTest, UnscopedLaunchesUseKernelNames) {
-  ASSERT_TRUE(stream_->BeginCapture().ok());
-  ASSERT_TRUE(Scale(*stream_, x_, 2.0f, tmp_).ok());
-  ASSERT_TRUE(Copy(*stream_, tmp_, out_).ok());
+  ASSERT_OK(stream_->BeginCapture());
+  ASSERT_OK(Scale(*stream_, x_, 2.0f, tmp_));
+  ASSERT_OK(Copy(*stream_, tmp_, out_));
   auto graph = stream_->EndCapture().value();
   ASSERT_EQ(graph->nodes().size(), 2u);
   EXPECT_EQ(graph->nodes()[0].name, "scale");
@@ -107,8 +108,8 @@ TEST_F(GraphTest, CaptureDoesNotRunAndReplayReadsThroughCapturedAddresses) {
   Upload(acc_, zeros);
   Upload(out_, zeros);
   Upload(x_, Random(1));
-  ASSERT_TRUE(stream_->BeginCapture().ok());
-  ASSERT_TRUE(LaunchOps().ok());
+  ASSERT_OK(stream_->BeginCapture());
+  ASSERT_OK(LaunchOps());
   auto graph = stream_->EndCapture().value();
   // Capturing ran nothing.
   EXPECT_EQ(Download(out_), zeros);
@@ -116,13 +117,13 @@ TEST_F(GraphTest, CaptureDoesNotRunAndReplayReadsThroughCapturedAddresses) {
   // New contents in the captured input buffer: replay sees them.
   std::vector<float> x2 = Random(2);
   Upload(x_, x2);
-  ASSERT_TRUE(graph->Replay(*stream_).ok());
+  ASSERT_OK(graph->Replay(*stream_));
   std::vector<float> out = Download(out_);
   for (int64_t i = 0; i < kN; ++i) EXPECT_EQ(out[i], 0.5f * x2[i]) << i;
 
   std::vector<float> x3 = Random(3);
   Upload(x_, x3);
-  ASSERT_TRUE(graph->Replay(*stream_).ok());
+  ASSERT_OK(graph->Replay(*stream_));
   out = Download(out_);
   for (int64_t i = 0; i < kN; ++i) EXPECT_EQ(out[i], 0.5f * x2[i] + 0.5f * x3[i]) << i;
 }
@@ -132,15 +133,15 @@ TEST_F(GraphTest, ThousandReplaysEqualEagerExecution) {
   std::vector<float> zeros(kN, 0.0f);
   Upload(x_, x);
   Upload(acc_, zeros);
-  for (int i = 0; i < 1000; ++i) ASSERT_TRUE(LaunchOps().ok());
+  for (int i = 0; i < 1000; ++i) ASSERT_OK(LaunchOps());
   std::vector<float> eager = Download(out_);
 
   Upload(acc_, zeros);
   Upload(out_, zeros);
-  ASSERT_TRUE(stream_->BeginCapture().ok());
-  ASSERT_TRUE(LaunchOps().ok());
+  ASSERT_OK(stream_->BeginCapture());
+  ASSERT_OK(LaunchOps());
   auto graph = stream_->EndCapture().value();
-  for (int i = 0; i < 1000; ++i) ASSERT_TRUE(graph->Replay(*stream_).ok());
+  for (int i = 0; i < 1000; ++i) ASSERT_OK(graph->Replay(*stream_));
   std::vector<float> replayed = Download(out_);
   ASSERT_EQ(std::memcmp(eager.data(), replayed.data(), kN * sizeof(float)), 0);
   // And the sum really accumulated (not a constant result).
@@ -149,22 +150,22 @@ TEST_F(GraphTest, ThousandReplaysEqualEagerExecution) {
 }
 
 TEST_F(GraphTest, AllocationDuringCaptureFails) {
-  ASSERT_TRUE(stream_->BeginCapture().ok());
+  ASSERT_OK(stream_->BeginCapture());
   auto buf = device_->Allocate(1024);
   ASSERT_FALSE(buf.ok());
   EXPECT_EQ(buf.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(buf.status().message().find("during graph capture"), std::string::npos)
       << buf.status();
-  ASSERT_TRUE(stream_->EndCapture().ok());
+  ASSERT_OK(stream_->EndCapture());
   // After the capture allocation works again.
-  EXPECT_TRUE(device_->Allocate(1024).ok());
+  EXPECT_OK(device_->Allocate(1024));
 }
 
 TEST_F(GraphTest, CaptureStateErrors) {
   EXPECT_EQ(stream_->EndCapture().status().code(), absl::StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(stream_->BeginCapture().ok());
+  ASSERT_OK(stream_->BeginCapture());
   EXPECT_EQ(stream_->BeginCapture().code(), absl::StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(stream_->EndCapture().ok());
+  ASSERT_OK(stream_->EndCapture());
 }
 
 TEST_F(GraphTest, BadArgumentsRejectedAtLaunch) {

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 #include "runtime/core/device.h"
 
 namespace mlag {
@@ -58,14 +59,14 @@ TEST(TensorTest, StridedViewAndReshape) {
 
   Tensor c(mem.data(), DType::kBF16, {4, 16});
   auto r = c.Reshape({2, 2, 16});
-  ASSERT_TRUE(r.ok());
+  ASSERT_OK(r);
   EXPECT_EQ(r->stride(0), 32);
   EXPECT_FALSE(c.Reshape({5, 13}).ok());
 }
 
 TEST(DeviceTest, AutoNeverFailsAndSaysWhy) {
   auto device = Device::Create("auto");
-  ASSERT_TRUE(device.ok()) << device.status();
+  ASSERT_OK(device);
   EXPECT_FALSE((*device)->selection_reason().empty());
   if (Device::CudaDeviceCount() == 0) {
     EXPECT_EQ((*device)->kind(), DeviceKind::kHost);

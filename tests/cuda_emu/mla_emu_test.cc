@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 #include "kernels/common/softmax_math.h"
 #include "kernels/mla_kv_update.h"
 #include "tests/mla_attention_cases.h"
@@ -344,9 +345,9 @@ void CheckPrefill(DType cache, const Dims& d, const std::vector<int>& cached,
   qsl.data<int32_t>()[0] = 1;
   for (int b = 0; b < batch; ++b) qsl.data<int32_t>()[b + 1] = qsl.data<int32_t>()[b] + fresh[b];
   Outputs want = PoisonedOutputs(d, rows);
-  ASSERT_TRUE(MlaPrefill(HostStream(), q.q_latent, q.q_pe, p.cache.t, p.block_table.t,
+  ASSERT_OK(MlaPrefill(HostStream(), q.q_latent, q.q_pe, p.cache.t, p.block_table.t,
                          p.seq_lens.t, qsl.t, q.scale, want.out.t, want.lse.t)
-                  .ok());
+                  );
   const Outputs got = PoisonedOutputs(d, rows);
   cuda::MlaAttentionArgs a = LauncherArgs(d, p, q, rows, got);
   a.query_start_loc = qsl.data<int32_t>();
@@ -379,7 +380,7 @@ TEST(MlaKvUpdateLaunchEmuTest, MatchesHostByteForByte) {
     testing::FillRandom(want, 103);
     Owned got = Make(cache_dtype, {blocks, block_size, rkv + dr});
     std::memcpy(got.buffer.data(), want.buffer.data(), want.buffer.bytes());
-    ASSERT_TRUE(MlaKvUpdate(HostStream(), kv_c.t, k_pe.t, slots.t, want.t).ok());
+    ASSERT_OK(MlaKvUpdate(HostStream(), kv_c.t, k_pe.t, slots.t, want.t));
     ASSERT_EQ(cuda::LaunchMlaKvUpdate(kv_c.t.data(), DType::kF32, rkv,
                                       k_pe.t.data(), DType::kF32, dr,
                                       slots.data<int64_t>(), 1, tokens, got.t.data(),

@@ -27,6 +27,7 @@
 #include "kernels/rms_norm.h"
 #include "kernels/rope.h"
 #include "kernels/sampling.h"
+#include "tests/status_matchers.h"
 #include "tests/test_util.h"
 
 #define MLAG_CUDA_EMULATION 1
@@ -144,7 +145,7 @@ void CompareRoute(const RoutingParams& p, int64_t T, const std::vector<float>& l
   testing::PoisonNaN(got_w);
   const bool noaux = p.method == TopkMethod::kNoauxTc;
   const Tensor lv = l.t.Slice(1, 0, E);
-  ASSERT_TRUE(MoeRoute(HostStream(), p, lv, noaux ? b.t : Tensor(), ids.t, w.t).ok());
+  ASSERT_OK(MoeRoute(HostStream(), p, lv, noaux ? b.t : Tensor(), ids.t, w.t));
   ASSERT_EQ(cuda::LaunchMoeRoute(CudaRouteParams(p), l.data<float>(), ld,
                                  noaux ? b.data<float>() : nullptr, T, got_ids.data<int32_t>(),
                                  got_w.data<float>(), nullptr),
@@ -241,9 +242,9 @@ TEST(MoeExpertsEmuTest, MatchesHost) {
 
     Owned want = Make(DType::kF32, {c.T, c.D});
     const Tensor xv = x.t.Slice(1, 0, c.D);
-    ASSERT_TRUE(MoeExperts(HostStream(), xv, ids.t, weights.t, map.t, w_gate_up.t, w_down.t,
+    ASSERT_OK(MoeExperts(HostStream(), xv, ids.t, weights.t, map.t, w_gate_up.t, w_down.t,
                            want.t)
-                    .ok());
+                    );
     cuda::MoeExpertsArgs a;
     a.x = x.data<float>();
     a.x_ld = ldx;
@@ -325,7 +326,7 @@ TEST(SampleEmuTest, MatchesHostTokenForToken) {
     Owned got = Make(DType::kI32, {B});
     for (int64_t r = 0; r < B; ++r) got.data<int32_t>()[r] = -7;
     const Tensor lv = logits.t.Slice(1, 0, V);
-    ASSERT_TRUE(Sample(HostStream(), lv, temp.t, top_k.t, top_p.t, seeds.t, steps.t, want.t).ok());
+    ASSERT_OK(Sample(HostStream(), lv, temp.t, top_k.t, top_p.t, seeds.t, steps.t, want.t));
     ASSERT_EQ(cuda::LaunchSample(logits.data<float>(), B, V, ld, temp.data<float>(),
                                  top_k.data<int32_t>(), top_p.data<float>(),
                                  seeds.data<int64_t>(), steps.data<int64_t>(),
@@ -372,7 +373,7 @@ TEST(RmsNormEmuTest, MatchesHost) {
       Owned want = Make(out_dtype, {T, D});
       Owned got = Make(out_dtype, {T, D});
       testing::PoisonNaN(got);
-      ASSERT_TRUE(RmsNorm(HostStream(), x.t, weight.t, 1e-6f, want.t).ok());
+      ASSERT_OK(RmsNorm(HostStream(), x.t, weight.t, 1e-6f, want.t));
       ASSERT_EQ(cuda::LaunchRmsNorm(x.t.data(), DType::kF32, D, weight.t.data(),
                                     DType::kBF16, got.t.data(), out_dtype, D, T, D,
                                     1e-6f, nullptr),
@@ -386,7 +387,7 @@ TEST(RmsNormEmuTest, MatchesHost) {
       Owned y_want = Make(out_dtype, {T, D});
       Owned y_got = Make(out_dtype, {T, D});
       testing::PoisonNaN(y_got);
-      ASSERT_TRUE(AddRmsNorm(HostStream(), x.t, residual.t, weight.t, 1e-6f, y_want.t).ok());
+      ASSERT_OK(AddRmsNorm(HostStream(), x.t, residual.t, weight.t, 1e-6f, y_want.t));
       ASSERT_EQ(cuda::LaunchAddRmsNorm(x.t.data(), DType::kF32, D, residual_got.t.data(),
                                        DType::kF32, D, weight.t.data(), DType::kBF16,
                                        y_got.t.data(), out_dtype, D, T, D, 1e-6f, nullptr),
@@ -405,7 +406,7 @@ TEST(SiluAndMulEmuTest, MatchesHost) {
       Owned want = Make(dtype, {T, I});
       Owned got = Make(dtype, {T, I});
       testing::PoisonNaN(got);
-      ASSERT_TRUE(SiluAndMul(HostStream(), gate_up.t, want.t).ok());
+      ASSERT_OK(SiluAndMul(HostStream(), gate_up.t, want.t));
       ASSERT_EQ(cuda::LaunchSiluAndMul(gate_up.t.data(), dtype, 2 * I, got.t.data(),
                                        dtype, I, T, I, nullptr),
                 cudaSuccess);
@@ -424,7 +425,7 @@ TEST(GatherRowsEmuTest, MatchesHostBitForBit) {
   for (DType out_dtype : {DType::kF32, DType::kBF16}) {
     Owned want = Make(out_dtype, {n, dim});
     Owned got = Make(out_dtype, {n, dim});
-    ASSERT_TRUE(GatherRows(HostStream(), idx.t, table.t, want.t).ok());
+    ASSERT_OK(GatherRows(HostStream(), idx.t, table.t, want.t));
     ASSERT_EQ(cuda::LaunchGatherRows(idx.t.data(), false, 1, table.t.data(), DType::kBF16,
                                      rows, dim, got.t.data(), out_dtype, dim, n, dim,
                                      nullptr),
@@ -440,14 +441,14 @@ TEST(ApplyRopeEmuTest, MatchesHostBitForBit) {
   params.factor = 40.0;
   const int64_t P = 64, T = 7, H = 3, dr = params.rotary_dim;
   Owned table = Make(DType::kF32, {P, dr});
-  ASSERT_TRUE(FillRopeTable(params, table.t).ok());
+  ASSERT_OK(FillRopeTable(params, table.t));
   Owned positions = Make(DType::kI32, {T});
   const int32_t pos[T] = {0, 5, 63, 64, -1, 17, 30};  // two rows out of range: unchanged
   for (int64_t t = 0; t < T; ++t) positions.data<int32_t>()[t] = pos[t];
   Owned q = FromFloats(DType::kF32, RandomFloats(T * H * dr, 40), {T, H, dr});
   Owned k = FromFloats(DType::kF32, RandomFloats(T * dr, 41), {T, dr});
   Owned q_got = Copy(q), k_got = Copy(k);
-  ASSERT_TRUE(ApplyRope(HostStream(), positions.t, table.t, q.t, k.t).ok());
+  ASSERT_OK(ApplyRope(HostStream(), positions.t, table.t, q.t, k.t));
   ASSERT_EQ(cuda::LaunchApplyRope(positions.data<int32_t>(), 1, table.data<float>(), P, dr,
                                   q_got.data<float>(), H * dr, dr, H, k_got.data<float>(), dr, T,
                                   dr / 2, nullptr),
@@ -463,17 +464,17 @@ TEST(ElementwiseEmuTest, FillScaleAddAndZeroMatchHost) {
     Owned a = FromFloats(dtype, RandomFloats(n, 50), {n});
     Owned b = FromFloats(dtype, RandomFloats(n, 51), {n});
     Owned want = Make(dtype, {n}), got = Make(dtype, {n});
-    ASSERT_TRUE(Add(HostStream(), a.t, b.t, want.t).ok());
+    ASSERT_OK(Add(HostStream(), a.t, b.t, want.t));
     ASSERT_EQ(cuda::LaunchAdd(a.t.data(), dtype, b.t.data(), dtype, got.t.data(),
                               dtype, n, nullptr),
               cudaSuccess);
     EXPECT_TRUE(SameBytes(got, want)) << "add " << DTypeName(dtype);
-    ASSERT_TRUE(Scale(HostStream(), a.t, -0.37f, want.t).ok());
+    ASSERT_OK(Scale(HostStream(), a.t, -0.37f, want.t));
     ASSERT_EQ(cuda::LaunchScale(a.t.data(), dtype, -0.37f, got.t.data(), dtype, n,
                                 nullptr),
               cudaSuccess);
     EXPECT_TRUE(SameBytes(got, want)) << "scale " << DTypeName(dtype);
-    ASSERT_TRUE(Fill(HostStream(), want.t, 2.75).ok());
+    ASSERT_OK(Fill(HostStream(), want.t, 2.75));
     ASSERT_EQ(cuda::LaunchFill(got.t.data(), dtype, n, 2.75, nullptr), cudaSuccess);
     EXPECT_TRUE(SameBytes(got, want)) << "fill " << DTypeName(dtype);
   }

@@ -41,6 +41,7 @@
 #include "kernels/sampling.h"
 #include "runtime/core/device.h"
 #include "runtime/core/stream.h"
+#include "tests/status_matchers.h"
 #include "tests/test_util.h"
 
 namespace mlag {
@@ -151,9 +152,9 @@ class BasicOpsGpuTest : public ::testing::Test {
   // once done, so the 1-byte read back fences the upload.
   void Upload(Twin& t) {
     t.pristine.assign(t.host_bytes(), t.host_bytes() + t.bytes());
-    ASSERT_TRUE(device_->CopyFromHost(t.dev_buf.data(), t.host_bytes(), t.bytes()).ok());
+    ASSERT_OK(device_->CopyFromHost(t.dev_buf.data(), t.host_bytes(), t.bytes()));
     uint8_t fence;
-    ASSERT_TRUE(device_->CopyToHost(&fence, t.dev_buf.data(), 1).ok());
+    ASSERT_OK(device_->CopyToHost(&fence, t.dev_buf.data(), 1));
   }
 
   // Output: 0xff on both sides (the device through cudaMemsetAsync).
@@ -162,13 +163,13 @@ class BasicOpsGpuTest : public ::testing::Test {
     t.pristine.assign(t.host_bytes(), t.host_bytes() + t.bytes());
     Tensor bytes(t.dev_buf.data(), DType::kU8, {static_cast<int64_t>(t.bytes())},
                  DeviceKind::kCuda);
-    ASSERT_TRUE(Fill(*stream_, bytes, 255.0).ok());
+    ASSERT_OK(Fill(*stream_, bytes, 255.0));
   }
 
   std::vector<uint8_t> Download(const Twin& t) {
     std::vector<uint8_t> out(t.bytes());
-    EXPECT_TRUE(stream_->Synchronize().ok());
-    EXPECT_TRUE(device_->CopyToHost(out.data(), t.dev_buf.data(), t.bytes()).ok());
+    EXPECT_OK(stream_->Synchronize());
+    EXPECT_OK(device_->CopyToHost(out.data(), t.dev_buf.data(), t.bytes()));
     return out;
   }
 
@@ -291,8 +292,8 @@ TEST_F(BasicOpsGpuTest, RmsNormMatchesHost) {
       Poison(*y);
     }
     const float eps = 1e-6f;
-    ASSERT_TRUE(RmsNorm(host(), x->h, w->h, eps, y->h).ok());
-    ASSERT_TRUE(RmsNorm(*stream_, x->d, w->d, eps, y->d).ok());
+    ASSERT_OK(RmsNorm(host(), x->h, w->h, eps, y->h));
+    ASSERT_OK(RmsNorm(*stream_, x->d, w->d, eps, y->d));
     ExpectMatchesHost(*y, Name("rms_norm", {c.rows, c.dim}, c.in_place ? " in place" : ""), 1e-5,
                       1);
   }
@@ -329,8 +330,8 @@ TEST_F(BasicOpsGpuTest, AddRmsNormMatchesHost) {
       Poison(*y);
     }
     const float eps = 1e-6f;
-    ASSERT_TRUE(AddRmsNorm(host(), x->h, residual->h, w->h, eps, y->h).ok());
-    ASSERT_TRUE(AddRmsNorm(*stream_, x->d, residual->d, w->d, eps, y->d).ok());
+    ASSERT_OK(AddRmsNorm(host(), x->h, residual->h, w->h, eps, y->h));
+    ASSERT_OK(AddRmsNorm(*stream_, x->d, residual->d, w->d, eps, y->d));
     const std::string name =
         Name("add_rms_norm", {c.rows, c.dim}, c.in_place ? " in place" : "");
     ExpectMatchesHost(*residual, name + " residual", 0.0, 0);
@@ -362,8 +363,8 @@ TEST_F(BasicOpsGpuTest, SiluAndMulMatchesHost) {
     if (c.inter > 1) StoreFromF32(c.in, gate_up->h.data(), 1, 95.0f);
     Upload(*gate_up);
     Poison(*out);
-    ASSERT_TRUE(SiluAndMul(host(), gate_up->h, out->h).ok());
-    ASSERT_TRUE(SiluAndMul(*stream_, gate_up->d, out->d).ok());
+    ASSERT_OK(SiluAndMul(host(), gate_up->h, out->h));
+    ASSERT_OK(SiluAndMul(*stream_, gate_up->d, out->d));
     ExpectMatchesHost(*out, Name("silu_and_mul", {c.rows, c.inter}), 1e-5, 1);
   }
 }
@@ -414,11 +415,11 @@ TEST_F(BasicOpsGpuTest, GatherRowsAndEmbeddingMatchHostBitForBit) {
     Upload(*idx);
     Poison(*out);
     if (c.embedding) {
-      ASSERT_TRUE(Embedding(host(), idx->h, table->h, out->h).ok());
-      ASSERT_TRUE(Embedding(*stream_, idx->d, table->d, out->d).ok());
+      ASSERT_OK(Embedding(host(), idx->h, table->h, out->h));
+      ASSERT_OK(Embedding(*stream_, idx->d, table->d, out->d));
     } else {
-      ASSERT_TRUE(GatherRows(host(), idx->h, table->h, out->h).ok());
-      ASSERT_TRUE(GatherRows(*stream_, idx->d, table->d, out->d).ok());
+      ASSERT_OK(GatherRows(host(), idx->h, table->h, out->h));
+      ASSERT_OK(GatherRows(*stream_, idx->d, table->d, out->d));
     }
     const std::string name =
         Name(c.embedding ? "embedding" : "gather_rows", {c.table_rows, c.dim, c.num});
@@ -448,7 +449,7 @@ TEST_F(BasicOpsGpuTest, ApplyRopeMatchesHost) {
     params.mscale_all_dim = 0.707;
     const int64_t P = 300;
     auto table = Make(DType::kF32, {P, c.dr}, 0);
-    ASSERT_TRUE(FillRopeTable(params, table->h).ok());
+    ASSERT_OK(FillRopeTable(params, table->h));
     // q_pe: the rope part of q [T, H, dn + dr]; k_pe: the rope part of the
     // latent row [T, Rkv + dr] (both strided views, as in MLA).
     const int64_t dn = 24, rkv = 40;
@@ -471,8 +472,8 @@ TEST_F(BasicOpsGpuTest, ApplyRopeMatchesHost) {
     Upload(*q);
     Upload(*k);
     Upload(*pos);
-    ASSERT_TRUE(ApplyRope(host(), pos->h, table->h, q->h, k->h).ok());
-    ASSERT_TRUE(ApplyRope(*stream_, pos->d, table->d, q->d, k->d).ok());
+    ASSERT_OK(ApplyRope(host(), pos->h, table->h, q->h, k->h));
+    ASSERT_OK(ApplyRope(*stream_, pos->d, table->d, q->d, k->d));
     const std::string name = Name("rope", {c.tokens, c.heads, c.dr}, c.yarn ? " yarn" : "");
     ExpectMatchesHost(*q, name + " q_pe", 1e-6, 0);
     ExpectMatchesHost(*k, name + " k_pe", 1e-6, 0);
@@ -541,12 +542,12 @@ TEST_F(BasicOpsGpuTest, SampleMatchesHostTokenForToken) {
       Upload(*t);
     }
     Poison(*out);
-    ASSERT_TRUE(Sample(host(), logits->h, temp->h, top_k->h, top_p->h, seeds->h, steps->h,
+    ASSERT_OK(Sample(host(), logits->h, temp->h, top_k->h, top_p->h, seeds->h, steps->h,
                        out->h)
-                    .ok());
-    ASSERT_TRUE(Sample(*stream_, logits->d, temp->d, top_k->d, top_p->d, seeds->d, steps->d,
+                    );
+    ASSERT_OK(Sample(*stream_, logits->d, temp->d, top_k->d, top_p->d, seeds->d, steps->d,
                        out->d)
-                    .ok());
+                    );
     const std::vector<uint8_t> dev = Download(*out);
     const std::vector<int64_t> elems = out->ViewElements();
     int64_t mismatches = 0;
@@ -603,7 +604,7 @@ TEST_F(BasicOpsGpuTest, GraphReplayEqualsEager) {
   auto tokens = Make(DType::kI32, {T});
   RopeParams params;
   params.rotary_dim = static_cast<int>(dr);
-  ASSERT_TRUE(FillRopeTable(params, rope_table->h).ok());
+  ASSERT_OK(FillRopeTable(params, rope_table->h));
   FillRandom(*table, 700);
   FillRandom(*w, 701, 0.5f, 1.5f);
   Upload(*table);
@@ -668,16 +669,16 @@ TEST_F(BasicOpsGpuTest, GraphReplayEqualsEager) {
   std::vector<std::vector<uint8_t>> eager[2];
   for (uint32_t round = 0; round < 2; ++round) {
     set_inputs(round);
-    ASSERT_TRUE(launch().ok());
+    ASSERT_OK(launch());
     eager[round] = snapshot();
   }
   EXPECT_NE(eager[0], eager[1]);  // the rounds' inputs matter
 
   set_inputs(0);
-  ASSERT_TRUE(stream_->BeginCapture().ok());
-  ASSERT_TRUE(launch().ok());
+  ASSERT_OK(stream_->BeginCapture());
+  ASSERT_OK(launch());
   auto graph = stream_->EndCapture();
-  ASSERT_TRUE(graph.ok()) << graph.status();
+  ASSERT_OK(graph);
   const auto& nodes = (*graph)->nodes();
   ASSERT_EQ(nodes.size(), 5u);
   EXPECT_EQ(nodes[0].name, "test.embed");
@@ -686,10 +687,10 @@ TEST_F(BasicOpsGpuTest, GraphReplayEqualsEager) {
   EXPECT_EQ(Download(*h), h->pristine);
   EXPECT_EQ(Download(*tokens), tokens->pristine);
 
-  ASSERT_TRUE((*graph)->Replay(*stream_).ok());
+  ASSERT_OK((*graph)->Replay(*stream_));
   EXPECT_EQ(snapshot(), eager[0]);
   set_inputs(1);  // new contents in the captured buffers
-  ASSERT_TRUE((*graph)->Replay(*stream_).ok());
+  ASSERT_OK((*graph)->Replay(*stream_));
   const auto replayed = snapshot();
   for (size_t i = 0; i < outputs.size(); ++i) {
     EXPECT_EQ(replayed[i], eager[1][i]) << "output " << i;

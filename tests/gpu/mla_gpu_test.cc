@@ -41,6 +41,7 @@
 #include "runtime/core/stream.h"
 #include "runtime/core/tensor.h"
 #include "tests/mla_attention_cases.h"
+#include "tests/status_matchers.h"
 #include "tests/test_util.h"
 
 #if MLAG_HAVE_CUDA
@@ -65,11 +66,11 @@ class MlaGpuTest : public ::testing::Test {
   static void SetUpTestSuite() {
     if (Device::CudaDeviceCount() == 0) return;
     auto device = Device::Create("cuda");
-    ASSERT_TRUE(device.ok()) << device.status();
+    ASSERT_OK(device);
     device_ = std::move(device).value();
-    ASSERT_TRUE(device_->MakeCurrent().ok());
+    ASSERT_OK(device_->MakeCurrent());
     auto stream = Stream::Create(device_.get());
-    ASSERT_TRUE(stream.ok()) << stream.status();
+    ASSERT_OK(stream);
     stream_ = std::move(stream).value();
   }
   static void TearDownTestSuite() {
@@ -120,15 +121,15 @@ DeviceCopy Upload(Device& device, const Owned& host) {
   DeviceCopy d;
   d.host = &host;
   d.buffer = device.Allocate(host.buffer.bytes()).value();
-  EXPECT_TRUE(device.CopyFromHost(d.buffer.data(), host.buffer.data(), host.buffer.bytes()).ok());
+  EXPECT_OK(device.CopyFromHost(d.buffer.data(), host.buffer.data(), host.buffer.bytes()));
   SyncDevice();
   return d;
 }
 
 // Copies the device buffer back over its host buffer.
 void Download(Device& device, Stream& stream, const DeviceCopy& d) {
-  ASSERT_TRUE(stream.Synchronize().ok());
-  ASSERT_TRUE(device.CopyToHost(d.host->buffer.data(), d.buffer.data(), d.host->buffer.bytes()).ok());
+  ASSERT_OK(stream.Synchronize());
+  ASSERT_OK(device.CopyToHost(d.host->buffer.data(), d.buffer.data(), d.host->buffer.bytes()));
 }
 
 // A host tensor of the same shape owning a copy of `src`'s buffer.
@@ -204,14 +205,14 @@ TEST_P(MlaKvUpdateGpuTest, MatchesHostBytes) {
 
   // Host reference on a copy of the cache.
   Owned want = Clone(cache);
-  ASSERT_TRUE(MlaKvUpdate(HostStream(), kv_c, k_pe, slots.t, want.t).ok());
+  ASSERT_OK(MlaKvUpdate(HostStream(), kv_c, k_pe, slots.t, want.t));
 
   DeviceCopy d_kv = Upload(device(), kv);
   DeviceCopy d_cache = Upload(device(), cache);
   DeviceCopy d_slots = Upload(device(), slots);
-  ASSERT_TRUE(MlaKvUpdate(stream(), d_kv.View(kv_c), d_kv.View(k_pe), d_slots.View(),
+  ASSERT_OK(MlaKvUpdate(stream(), d_kv.View(kv_c), d_kv.View(k_pe), d_slots.View(),
                           d_cache.View())
-                  .ok());
+                  );
   Download(device(), stream(), d_cache);
 
   EXPECT_EQ(unwritten_checksum(cache), before);
@@ -230,9 +231,9 @@ TEST_P(MlaKvUpdateGpuTest, MatchesHostBytes) {
   // A dummy run (every slot -1) changes nothing.
   for (int t = 0; t < tokens; ++t) slot[t] = -1;
   DeviceCopy d_dummy = Upload(device(), slots);
-  ASSERT_TRUE(MlaKvUpdate(stream(), d_kv.View(kv_c), d_kv.View(k_pe), d_dummy.View(),
+  ASSERT_OK(MlaKvUpdate(stream(), d_kv.View(kv_c), d_kv.View(k_pe), d_dummy.View(),
                           d_cache.View())
-                  .ok());
+                  );
   Owned after = Clone(cache);
   Download(device(), stream(), d_cache);
   EXPECT_EQ(std::memcmp(cache.t.data(), after.t.data(), cache.t.nbytes()), 0);
@@ -321,7 +322,7 @@ class MlaDecodeGpuTest : public MlaGpuTest, public ::testing::WithParamInterface
     DeviceCopy d_lens = Upload(device(), p.seq_lens);
     DeviceCopy d_q = Upload(device(), q.buffer);
     auto ws = MlaDecodeWorkspace::Create(device(), batch, d.heads, d.rkv);
-    ASSERT_TRUE(ws.ok()) << ws.status();
+    ASSERT_OK(ws);
     EXPECT_GT(ws->bytes(), 0u);
     for (bool with_workspace : {true, false}) {
       Outputs got = PoisonedOutputs(d, batch);
@@ -335,7 +336,7 @@ class MlaDecodeGpuTest : public MlaGpuTest, public ::testing::WithParamInterface
         EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
         continue;
       }
-      ASSERT_TRUE(st.ok()) << st;
+      ASSERT_OK(st);
       Download(device(), stream(), d_out);
       Download(device(), stream(), d_lse);
       ExpectClose(Compare(got.out, got.lse, want.out, want.lse), tol,
@@ -405,13 +406,13 @@ TEST_F(MlaGpuTest, DecodeRejectsMismatchedWorkspace) {
   DeviceCopy d_out = Upload(device(), got.out);
   DeviceCopy d_lse = Upload(device(), got.lse);
   auto small = MlaDecodeWorkspace::Create(device(), 2, d.heads, d.rkv);  // 2 < 3 sequences
-  ASSERT_TRUE(small.ok());
+  ASSERT_OK(small);
   absl::Status st = MlaDecode(stream(), d_q.View(q.q_latent), d_q.View(q.q_pe), d_cache.View(),
                               d_table.View(), d_lens.View(), q.scale, d_out.View(), d_lse.View(),
                               &small.value());
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   auto other_heads = MlaDecodeWorkspace::Create(device(), 8, d.heads + 1, d.rkv);
-  ASSERT_TRUE(other_heads.ok());
+  ASSERT_OK(other_heads);
   st = MlaDecode(stream(), d_q.View(q.q_latent), d_q.View(q.q_pe), d_cache.View(), d_table.View(),
                  d_lens.View(), q.scale, d_out.View(), d_lse.View(), &other_heads.value());
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
@@ -438,9 +439,9 @@ TEST_F(MlaGpuTest, CapturedDecodeReplaysForNewSeqLens) {
   DeviceCopy d_out = Upload(device(), got.out);
   DeviceCopy d_lse = Upload(device(), got.lse);
   auto ws = MlaDecodeWorkspace::Create(device(), batch, d.heads, d.rkv);
-  ASSERT_TRUE(ws.ok()) << ws.status();
+  ASSERT_OK(ws);
 
-  ASSERT_TRUE(stream().BeginCapture().ok());
+  ASSERT_OK(stream().BeginCapture());
   absl::Status st;
   {
     NodeScope scope(stream(), "layers.0.attn.mla", OpKind::kKernel);
@@ -449,26 +450,26 @@ TEST_F(MlaGpuTest, CapturedDecodeReplaysForNewSeqLens) {
                    &ws.value());
   }
   auto graph = stream().EndCapture();
-  ASSERT_TRUE(st.ok()) << st;
-  ASSERT_TRUE(graph.ok()) << graph.status();
+  ASSERT_OK(st);
+  ASSERT_OK(graph);
   ASSERT_EQ((*graph)->nodes().size(), 1u);
   EXPECT_EQ((*graph)->nodes()[0].name, "layers.0.attn.mla");
 
   for (const std::vector<int>* lens : {&first, &second, &first}) {
     for (int b = 0; b < batch; ++b) p.seq_lens.data<int32_t>()[b] = (*lens)[b];
-    ASSERT_TRUE(stream().Synchronize().ok());
-    ASSERT_TRUE(device()
+    ASSERT_OK(stream().Synchronize());
+    ASSERT_OK(device()
                     .CopyFromHost(d_lens.buffer.data(), p.seq_lens.buffer.data(),
                                   p.seq_lens.buffer.bytes())
-                    .ok());
+                    );
     testing::PoisonNaN(got.out);
     testing::PoisonNaN(got.lse);
-    ASSERT_TRUE(
-        device().CopyFromHost(d_out.buffer.data(), got.out.buffer.data(), got.out.buffer.bytes()).ok());
-    ASSERT_TRUE(
-        device().CopyFromHost(d_lse.buffer.data(), got.lse.buffer.data(), got.lse.buffer.bytes()).ok());
+    ASSERT_OK(
+        device().CopyFromHost(d_out.buffer.data(), got.out.buffer.data(), got.out.buffer.bytes()));
+    ASSERT_OK(
+        device().CopyFromHost(d_lse.buffer.data(), got.lse.buffer.data(), got.lse.buffer.bytes()));
     SyncDevice();
-    ASSERT_TRUE((*graph)->Replay(stream()).ok());
+    ASSERT_OK((*graph)->Replay(stream()));
     Download(device(), stream(), d_out);
     Download(device(), stream(), d_lse);
     const Outputs want = HostDecode(d, p, q, batch);
@@ -512,7 +513,7 @@ class MlaPrefillGpuTest : public MlaGpuTest, public ::testing::WithParamInterfac
     Outputs want = PoisonedOutputs(d, rows);
     absl::Status st = MlaPrefill(HostStream(), q.q_latent, q.q_pe, p.cache.t, p.block_table.t,
                                  p.seq_lens.t, qsl.t, q.scale, want.out.t, want.lse.t);
-    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_OK(st);
 
     DeviceCopy d_cache = Upload(device(), p.cache);
     DeviceCopy d_table = Upload(device(), p.block_table);
@@ -525,7 +526,7 @@ class MlaPrefillGpuTest : public MlaGpuTest, public ::testing::WithParamInterfac
     st = MlaPrefill(stream(), d_q.View(q.q_latent), d_q.View(q.q_pe), d_cache.View(),
                     d_table.View(), d_lens.View(), d_qsl.View(), q.scale, d_out.View(),
                     d_lse.View());
-    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_OK(st);
     Download(device(), stream(), d_out);
     Download(device(), stream(), d_lse);
     ExpectClose(Compare(got.out, got.lse, want.out, want.lse), kTol,

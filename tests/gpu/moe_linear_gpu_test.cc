@@ -20,6 +20,7 @@
 #include "mlag_config.h"
 #include "runtime/core/device.h"
 #include "runtime/core/stream.h"
+#include "tests/status_matchers.h"
 #include "tests/test_util.h"
 
 #if MLAG_HAVE_CUDA
@@ -106,16 +107,16 @@ class MoeLinearGpu : public ::testing::Test {
   void SetUp() override {
     if (Device::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
     auto device = Device::Create("cuda");
-    ASSERT_TRUE(device.ok()) << device.status();
+    ASSERT_OK(device);
     device_ = std::move(device).value();
     auto stream = Stream::Create(device_.get());
-    ASSERT_TRUE(stream.ok()) << stream.status();
+    ASSERT_OK(stream);
     stream_ = std::move(stream).value();
   }
 
   void TearDown() override {
     if (stream_ == nullptr) return;
-    EXPECT_TRUE(stream_->Synchronize().ok());
+    EXPECT_OK(stream_->Synchronize());
 #if MLAG_HAVE_CUDA
     cuda_blas::ReleaseStreamContext(*stream_);
 #endif
@@ -144,16 +145,16 @@ class MoeLinearGpu : public ::testing::Test {
 
   template <typename T>
   void Upload(const Twin<T>& t) {
-    ASSERT_TRUE(device_->CopyFromHost(t.dev.data(), t.host.data(), t.host.size() * sizeof(T)).ok());
+    ASSERT_OK(device_->CopyFromHost(t.dev.data(), t.host.data(), t.host.size() * sizeof(T)));
     SyncDevice();
   }
 
   // The device copy of `t` (after the stream's work).
   template <typename T>
   std::vector<T> Download(const Twin<T>& t) {
-    EXPECT_TRUE(stream_->Synchronize().ok());
+    EXPECT_OK(stream_->Synchronize());
     std::vector<T> v(t.host.size());
-    EXPECT_TRUE(device_->CopyToHost(v.data(), t.dev.data(), v.size() * sizeof(T)).ok());
+    EXPECT_OK(device_->CopyToHost(v.data(), t.dev.data(), v.size() * sizeof(T)));
     return v;
   }
 
@@ -176,10 +177,10 @@ TEST_F(MoeLinearGpu, LinearMatchesHost) {
       auto w = MakeTwin<float>(DType::kF32, RandomFloats(out * in, seed++), {out, in});
       auto y = MakeTwin<float>(DType::kF32, std::vector<float>(T * ldy, kNaN), {T, out}, {ldy, 1});
       absl::Status st = Linear(*stream_, x.Dev(), w.Dev(), y.Dev());
-      ASSERT_TRUE(st.ok()) << st;
+      ASSERT_OK(st);
       const std::vector<float> got = Download(y);
       st = Linear(HostStream(), x.Host(), w.Host(), y.Host());
-      ASSERT_TRUE(st.ok()) << st;
+      ASSERT_OK(st);
       EXPECT_LE(RelError(got, y.host, y.Offsets()), 1e-5);
       EXPECT_EQ(PaddingWritten(got, y.Offsets()), 0);
     }
@@ -192,10 +193,10 @@ TEST_F(MoeLinearGpu, LinearReusesCachedAlgorithm) {
   auto x = MakeTwin<float>(DType::kF32, RandomFloats(T * in, 11), {T, in});
   auto w = MakeTwin<float>(DType::kF32, RandomFloats(out * in, 12), {out, in});
   auto y = MakeTwin<float>(DType::kF32, std::vector<float>(T * out, kNaN), {T, out});
-  ASSERT_TRUE(Linear(*stream_, x.Dev(), w.Dev(), y.Dev()).ok());
+  ASSERT_OK(Linear(*stream_, x.Dev(), w.Dev(), y.Dev()));
   const size_t cached = cuda_blas::CachedAlgorithmCount(*stream_);
   EXPECT_GE(cached, 1u);
-  ASSERT_TRUE(Linear(*stream_, x.Dev(), w.Dev(), y.Dev()).ok());
+  ASSERT_OK(Linear(*stream_, x.Dev(), w.Dev(), y.Dev()));
   EXPECT_EQ(cuda_blas::CachedAlgorithmCount(*stream_), cached);
 #endif
 }
@@ -223,10 +224,10 @@ TEST_F(MoeLinearGpu, HeadMatmulMatchesHost) {
         auto o = MakeTwin<float>(DType::kF32, std::vector<float>(T * o_strides[0], kNaN),
                                  {T, H, N}, o_strides);
         absl::Status st = HeadMatmul(*stream_, x.Dev(), w.Dev(), transpose_w, o.Dev());
-        ASSERT_TRUE(st.ok()) << st;
+        ASSERT_OK(st);
         const std::vector<float> got = Download(o);
         st = HeadMatmul(HostStream(), x.Host(), w.Host(), transpose_w, o.Host());
-        ASSERT_TRUE(st.ok()) << st;
+        ASSERT_OK(st);
         EXPECT_LE(RelError(got, o.host, o.Offsets()), 1e-5);
         EXPECT_EQ(PaddingWritten(got, o.Offsets()), 0);
       }
@@ -240,10 +241,10 @@ TEST_F(MoeLinearGpu, CapturingUnwarmedLinearShapeFails) {
   auto x = MakeTwin<float>(DType::kF32, RandomFloats(5 * in, 8), {5, in});
   auto y = MakeTwin<float>(DType::kF32, std::vector<float>(5 * out, kNaN), {5, out});
   const Tensor x4 = x.Dev().Slice(0, 0, 4), y4 = y.Dev().Slice(0, 0, 4);
-  ASSERT_TRUE(Linear(*stream_, x4, w.Dev(), y4).ok());  // warm-up of T = 4 only
-  ASSERT_TRUE(stream_->Synchronize().ok());
+  ASSERT_OK(Linear(*stream_, x4, w.Dev(), y4));  // warm-up of T = 4 only
+  ASSERT_OK(stream_->Synchronize());
 
-  ASSERT_TRUE(stream_->BeginCapture().ok());
+  ASSERT_OK(stream_->BeginCapture());
   const absl::Status unwarmed = Linear(*stream_, x.Dev(), w.Dev(), y.Dev());  // T = 5
   const absl::Status warmed = Linear(*stream_, x4, w.Dev(), y4);
   auto graph = stream_->EndCapture();
@@ -252,12 +253,12 @@ TEST_F(MoeLinearGpu, CapturingUnwarmedLinearShapeFails) {
   EXPECT_THAT(std::string(unwarmed.message()), HasSubstr("[5, 37]"));
   EXPECT_THAT(std::string(unwarmed.message()), HasSubstr("eagerly"));
   // The failed launch enqueued nothing: the warmed shape still captures and replays.
-  ASSERT_TRUE(warmed.ok()) << warmed;
-  ASSERT_TRUE(graph.ok()) << graph.status();
+  ASSERT_OK(warmed);
+  ASSERT_OK(graph);
   Upload(y);  // poison again: the replay must write rows 0..3
-  ASSERT_TRUE((*graph)->Replay(*stream_).ok());
+  ASSERT_OK((*graph)->Replay(*stream_));
   const std::vector<float> got = Download(y);
-  ASSERT_TRUE(Linear(HostStream(), x.Host(), w.Host(), y.Host()).ok());
+  ASSERT_OK(Linear(HostStream(), x.Host(), w.Host(), y.Host()));
   const std::vector<int64_t> rows4 = ViewOffsets({4, out}, {out, 1});
   EXPECT_LE(RelError(got, y.host, rows4), 1e-5);
   EXPECT_EQ(PaddingWritten(got, rows4), 0);  // row 4 never written
@@ -317,11 +318,11 @@ class MoeRouteGpu : public MoeLinearGpu {
     auto w = MakeTwin<float>(DType::kF32, std::vector<float>(T * K, kNaN), {T, K});
     const bool noaux = p.method == TopkMethod::kNoauxTc;
     absl::Status st = MoeRoute(*stream_, p, l.Dev(), noaux ? b.Dev() : Tensor(), ids.Dev(), w.Dev());
-    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_OK(st);
     const std::vector<int32_t> got_ids = Download(ids);
     const std::vector<float> got_w = Download(w);
     st = MoeRoute(HostStream(), p, l.Host(), noaux ? b.Host() : Tensor(), ids.Host(), w.Host());
-    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_OK(st);
     int id_mismatches = 0, weight_mismatches = 0;
     for (int64_t i = 0; i < T * K; ++i) {
       id_mismatches += got_ids[i] != ids.host[i] ? 1 : 0;
@@ -447,19 +448,19 @@ TEST_F(MoeExpertsGpu, MatchesHost) {
     // Per-stream scratch first, then a caller-provided workspace of exactly
     // MoeExpertsWorkspaceBytes: the same bits either way.
     absl::Status st = RunDevice(in, Tensor());
-    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_OK(st);
     const std::vector<float> got = Download(in.out);
     const size_t bytes = MoeExpertsWorkspaceBytes(c.T, c.K, c.D, c.I, c.L);
     ASSERT_GT(bytes, 0u);
     Buffer ws = device_->Allocate(bytes).value();
     Upload(in.out);  // poison again
     st = RunDevice(in, ws.AsTensor(DType::kU8, {static_cast<int64_t>(bytes)}));
-    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_OK(st);
     const std::vector<float> got_ws = Download(in.out);
     EXPECT_TRUE(BitwiseEqual(got, got_ws));
 
     st = RunHost(in);
-    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_OK(st);
     const std::vector<int64_t> all = in.out.Offsets();
     EXPECT_LE(RelError(got, in.out.host, all), 1e-5);
     if (c.I == 0) {
@@ -483,9 +484,9 @@ TEST_F(MoeExpertsGpu, CaptureNeedingMoreScratchThanWarmedUpFails) {
   const ExpertsCase small{4, 2, 8, 8, 16, 8, false, false, 0};
   const ExpertsCase large{64, 2, 8, 8, 16, 8, false, false, 0};
   Inputs a = MakeInputs(small, 1), b = MakeInputs(large, 2);
-  ASSERT_TRUE(RunDevice(a, Tensor()).ok());  // eager: scratch for T = 4
-  ASSERT_TRUE(stream_->Synchronize().ok());
-  ASSERT_TRUE(stream_->BeginCapture().ok());
+  ASSERT_OK(RunDevice(a, Tensor()));  // eager: scratch for T = 4
+  ASSERT_OK(stream_->Synchronize());
+  ASSERT_OK(stream_->BeginCapture());
   const absl::Status st = RunDevice(b, Tensor());
   auto graph = stream_->EndCapture();
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
@@ -510,7 +511,7 @@ TEST_F(MoeExpertsGpu, CapturedRouteAndExpertsReplayLikeEager) {
     SCOPED_TRACE(own_workspace ? "caller workspace" : "per-stream scratch");
     // Fresh stream per variant: the per-stream scratch path starts empty.
     auto fresh = Stream::Create(device_.get());
-    ASSERT_TRUE(fresh.ok()) << fresh.status();
+    ASSERT_OK(fresh);
     Stream& s = **fresh;
     auto x = MakeTwin<float>(DType::kF32, RandomFloats(T * D, 1), {T, D});
     auto w_gate = MakeTwin<float>(DType::kF32, RandomFloats(E * D, 2), {E, D});
@@ -549,15 +550,15 @@ TEST_F(MoeExpertsGpu, CapturedRouteAndExpertsReplayLikeEager) {
     };
 
     // Eager warm-up on inputs A, then capture.
-    ASSERT_TRUE(forward(s).ok());
-    ASSERT_TRUE(s.Synchronize().ok());
+    ASSERT_OK(forward(s));
+    ASSERT_OK(s.Synchronize());
     std::vector<float> out_a(T * D);
-    ASSERT_TRUE(device_->CopyToHost(out_a.data(), out.dev.data(), out_a.size() * 4).ok());
-    ASSERT_TRUE(s.BeginCapture().ok());
+    ASSERT_OK(device_->CopyToHost(out_a.data(), out.dev.data(), out_a.size() * 4));
+    ASSERT_OK(s.BeginCapture());
     const absl::Status captured = forward(s);
     auto graph = s.EndCapture();
-    ASSERT_TRUE(captured.ok()) << captured;
-    ASSERT_TRUE(graph.ok()) << graph.status();
+    ASSERT_OK(captured);
+    ASSERT_OK(graph);
     std::vector<std::string> names;
     for (const GraphNode& node : (*graph)->nodes()) names.push_back(node.name);
     EXPECT_THAT(names, ::testing::ElementsAre("layers.0.moe.gate", "layers.0.moe.route",
@@ -571,23 +572,23 @@ TEST_F(MoeExpertsGpu, CapturedRouteAndExpertsReplayLikeEager) {
     Upload(out);
     Upload(ids);
     Upload(weights);
-    ASSERT_TRUE((*graph)->Replay(s).ok());
-    ASSERT_TRUE(s.Synchronize().ok());
+    ASSERT_OK((*graph)->Replay(s));
+    ASSERT_OK(s.Synchronize());
     std::vector<float> out_graph(T * D), w_graph(T * K);
     std::vector<int32_t> ids_graph(T * K);
-    ASSERT_TRUE(device_->CopyToHost(out_graph.data(), out.dev.data(), T * D * 4).ok());
-    ASSERT_TRUE(device_->CopyToHost(w_graph.data(), weights.dev.data(), T * K * 4).ok());
-    ASSERT_TRUE(device_->CopyToHost(ids_graph.data(), ids.dev.data(), T * K * 4).ok());
+    ASSERT_OK(device_->CopyToHost(out_graph.data(), out.dev.data(), T * D * 4));
+    ASSERT_OK(device_->CopyToHost(w_graph.data(), weights.dev.data(), T * K * 4));
+    ASSERT_OK(device_->CopyToHost(ids_graph.data(), ids.dev.data(), T * K * 4));
 
     // Eager on inputs B: the same bits.
     Upload(out);
-    ASSERT_TRUE(forward(s).ok());
-    ASSERT_TRUE(s.Synchronize().ok());
+    ASSERT_OK(forward(s));
+    ASSERT_OK(s.Synchronize());
     std::vector<float> out_eager(T * D), w_eager(T * K);
     std::vector<int32_t> ids_eager(T * K);
-    ASSERT_TRUE(device_->CopyToHost(out_eager.data(), out.dev.data(), T * D * 4).ok());
-    ASSERT_TRUE(device_->CopyToHost(w_eager.data(), weights.dev.data(), T * K * 4).ok());
-    ASSERT_TRUE(device_->CopyToHost(ids_eager.data(), ids.dev.data(), T * K * 4).ok());
+    ASSERT_OK(device_->CopyToHost(out_eager.data(), out.dev.data(), T * D * 4));
+    ASSERT_OK(device_->CopyToHost(w_eager.data(), weights.dev.data(), T * K * 4));
+    ASSERT_OK(device_->CopyToHost(ids_eager.data(), ids.dev.data(), T * K * 4));
     EXPECT_EQ(ids_graph, ids_eager);
     EXPECT_TRUE(BitwiseEqual(w_graph, w_eager));
     EXPECT_TRUE(BitwiseEqual(out_graph, out_eager));
@@ -595,15 +596,15 @@ TEST_F(MoeExpertsGpu, CapturedRouteAndExpertsReplayLikeEager) {
 
     // And both agree with the host pipeline on inputs B.
     Tensor h_logits = logits.Host(), h_ids = ids.Host(), h_w = weights.Host(), h_out = out.Host();
-    ASSERT_TRUE(Linear(HostStream(), x.Host(), w_gate.Host(), h_logits).ok());
-    ASSERT_TRUE(MoeRoute(HostStream(), p, h_logits, bias.Host(), h_ids, h_w).ok());
-    ASSERT_TRUE(MoeExperts(HostStream(), x.Host(), h_ids, h_w, emap.Host(), wgu.Host(),
+    ASSERT_OK(Linear(HostStream(), x.Host(), w_gate.Host(), h_logits));
+    ASSERT_OK(MoeRoute(HostStream(), p, h_logits, bias.Host(), h_ids, h_w));
+    ASSERT_OK(MoeExperts(HostStream(), x.Host(), h_ids, h_w, emap.Host(), wgu.Host(),
                            wdn.Host(), h_out)
-                    .ok());
+                    );
     EXPECT_EQ(ids_graph, ids.host);
     EXPECT_LE(RelError(out_graph, out.host, out.Offsets()), 1e-5);
     graph->reset();
-    ASSERT_TRUE(s.Synchronize().ok());
+    ASSERT_OK(s.Synchronize());
 #if MLAG_HAVE_CUDA
     cuda_blas::ReleaseStreamContext(s);
 #endif

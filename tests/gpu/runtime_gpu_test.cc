@@ -7,6 +7,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 #include "mlag_config.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/expert_parallel.h"
@@ -63,16 +64,16 @@ Record RunAll(Engine& engine, const std::vector<RequestSpec>& specs) {
   std::vector<float> row(V);
   while (engine.HasUnfinished()) {
     auto out = engine.Step();
-    EXPECT_TRUE(out.ok()) << out.status();
+    EXPECT_OK(out);
     if (!out.ok()) break;
     const Tensor logits = engine.runner().last_logits();
     for (size_t i = 0; i < out->new_tokens.size(); ++i) {
       const RequestId id = out->new_tokens[i].first;
-      EXPECT_TRUE(engine.device()
+      EXPECT_OK(engine.device()
                       .CopyToHost(row.data(),
                                   logits.data_as<float>() + int64_t{out->logits_rows[i]} * V,
                                   V * sizeof(float))
-                      .ok());
+                      );
       rec.logits[{id, engine.request(id)->num_output_tokens() - 1}] = row;
     }
   }
@@ -82,9 +83,9 @@ Record RunAll(Engine& engine, const std::vector<RequestSpec>& specs) {
 
 TEST_F(RuntimeGpuTest, CudaGraphReplayMatchesEagerBitForBit) {
   auto graphs = Engine::Create(GpuOptions(GraphMode::kFullDecode));
-  ASSERT_TRUE(graphs.ok()) << graphs.status();
+  ASSERT_OK(graphs);
   auto eager = Engine::Create(GpuOptions(GraphMode::kNone));
-  ASSERT_TRUE(eager.ok()) << eager.status();
+  ASSERT_OK(eager);
   ASSERT_TRUE((*graphs)->device().is_cuda());
   const auto specs = Requests(32, (*graphs)->config().vocab_size, 3);
   const Record a = RunAll(**graphs, specs);
@@ -119,18 +120,18 @@ TEST_F(RuntimeGpuTest, DummyReplaysLeaveEveryKvPageUnchanged) {
   for (const RequestSpec& s : specs) {
     RequestSpec long_run = s;
     long_run.max_tokens = 30;
-    ASSERT_TRUE(engine->AddRequest(long_run).ok());
+    ASSERT_OK(engine->AddRequest(long_run));
   }
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE(engine->Step().ok());
+  for (int i = 0; i < 5; ++i) ASSERT_OK(engine->Step());
   ModelRunner& runner = engine->runner();
   const uint64_t before = runner.KvChecksum({}).value();
-  ASSERT_TRUE(runner.CaptureGraphs().ok());
+  ASSERT_OK(runner.CaptureGraphs());
   for (int size : runner.capture_sizes()) {
-    for (int i = 0; i < 20; ++i) ASSERT_TRUE(runner.DummyStep(size).ok());
+    for (int i = 0; i < 20; ++i) ASSERT_OK(runner.DummyStep(size));
   }
-  ASSERT_TRUE(runner.stream().Synchronize().ok());
+  ASSERT_OK(runner.stream().Synchronize());
   EXPECT_EQ(runner.KvChecksum({}).value(), before);
-  while (engine->HasUnfinished()) ASSERT_TRUE(engine->Step().ok());
+  while (engine->HasUnfinished()) ASSERT_OK(engine->Step());
 }
 
 TEST_F(RuntimeGpuTest, ReconfigurationOverNcclOnSeveralGpus) {
@@ -141,7 +142,7 @@ TEST_F(RuntimeGpuTest, ReconfigurationOverNcclOnSeveralGpus) {
   std::vector<int> devices(world);
   for (int i = 0; i < world; ++i) devices[i] = i;
   auto nccl = NcclCommunicator::InitAll(devices);
-  ASSERT_TRUE(nccl.ok()) << nccl.status();
+  ASSERT_OK(nccl);
   auto controls = LocalCommunicator::CreateGroup(world);
   std::vector<Communicator*> w, c;
   std::vector<std::string> names;
@@ -159,7 +160,7 @@ TEST_F(RuntimeGpuTest, ReconfigurationOverNcclOnSeveralGpus) {
   ep.world = world;
   ep.reconfigure = {{4, 1}, {8, world}};
   auto result = RunThreadedExpertParallel(o, ep, specs, w, c, names);
-  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_OK(result);
   for (size_t i = 0; i < specs.size(); ++i) {
     EXPECT_EQ(result->requests[i].output_tokens, base.tokens[i]) << i;
   }

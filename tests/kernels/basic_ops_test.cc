@@ -36,6 +36,7 @@
 #include "kernels/linear.h"
 #include "kernels/rms_norm.h"
 #include "runtime/core/status.h"
+#include "tests/status_matchers.h"
 #include "tests/test_util.h"
 
 namespace mlag {
@@ -228,7 +229,7 @@ void RunGather(const GatherCase& c, bool embedding) {
 
   absl::Status s = embedding ? Embedding(HostStream(), indices.t, table.t, out.t)
                              : GatherRows(HostStream(), indices.t, table.t, out.t);
-  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_OK(s);
 
   std::vector<double> want;
   for (int64_t t = 0; t < c.rows; ++t) {
@@ -274,7 +275,7 @@ TEST(GatherRowsTest, OutOfRangeIndexWritesZeros) {
   Randomize(table, 1.0f, 2.0f);  // no zeros in the table
   View out = MakeRows(DType::kF32, 5, kD);
   PoisonNaN(out.buf);
-  ASSERT_TRUE(GatherRows(HostStream(), indices.t, table.t, out.t).ok());
+  ASSERT_OK(GatherRows(HostStream(), indices.t, table.t, out.t));
   for (int64_t t = 0; t < 5; ++t) {
     for (int64_t i = 0; i < kD; ++i) {
       const float got = out.buf.get(t * kD + i);
@@ -379,7 +380,7 @@ TEST(RmsNormTest, MatchesReference) {
       PoisonNaN(y_own.buf);
       y = &y_own;
     }
-    ASSERT_TRUE(RmsNorm(HostStream(), x.t, weight.t, c.eps, y->t).ok());
+    ASSERT_OK(RmsNorm(HostStream(), x.t, weight.t, c.eps, y->t));
 
     std::vector<double> want;
     for (int64_t r = 0; r < c.rows; ++r) {
@@ -401,7 +402,7 @@ TEST(CopyTest, CopiesRowsAndRefusesOverlap) {
   PoisonNaN(dst);
   const Tensor s = src.t.Slice(1, 2, 9);  // [5, 7], row stride 9
   const Tensor d = dst.t.Slice(1, 3, 10);  // [5, 7], row stride 12
-  ASSERT_TRUE(Copy(HostStream(), s, d).ok());
+  ASSERT_OK(Copy(HostStream(), s, d));
   for (int64_t r = 0; r < 5; ++r) {
     for (int64_t c = 0; c < 12; ++c) {
       const float got = dst.get(r * 12 + c);
@@ -420,7 +421,7 @@ TEST(CopyTest, CopiesRowsAndRefusesOverlap) {
   st = Copy(HostStream(), buf.t.Slice(1, 0, 3), buf.t.Slice(1, 1, 4));
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   // Disjoint halves of one buffer are fine.
-  EXPECT_TRUE(Copy(HostStream(), buf.t.Slice(0, 0, 3), buf.t.Slice(0, 3, 6)).ok());
+  EXPECT_OK(Copy(HostStream(), buf.t.Slice(0, 0, 3), buf.t.Slice(0, 3, 6)));
   Owned other = Make(DType::kF32, {5, 7});
   st = Copy(HostStream(), s, other.t);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
@@ -452,7 +453,7 @@ TEST(AddRmsNormTest, MatchesReference) {
       PoisonNaN(y_own.buf);
       y = &y_own;
     }
-    ASSERT_TRUE(AddRmsNorm(HostStream(), x.t, residual.t, weight.t, c.eps, y->t).ok());
+    ASSERT_OK(AddRmsNorm(HostStream(), x.t, residual.t, weight.t, c.eps, y->t));
 
     // residual += x in residual's dtype: the f32 sum, rounded once.
     std::vector<double> sum(rv.size());
@@ -530,7 +531,7 @@ TEST(LinearTest, MatchesReference) {
       std::vector<double> w = FillRandom(weight, NextSeed());
       View y = MakeRows(DType::kF32, rows, d.out, y_pad, y_pad);
       PoisonNaN(y.buf);
-      ASSERT_TRUE(Linear(HostStream(), x.t, weight.t, y.t).ok());
+      ASSERT_OK(Linear(HostStream(), x.t, weight.t, y.t));
 
       const std::vector<double> xv = Values(x.t);
       std::vector<double> want;
@@ -655,7 +656,7 @@ TEST(HeadMatmulTest, MatchesReference) {
       std::vector<double> w = FillRandom(weight, NextSeed());
       View out = Make3D(DType::kF32, c.rows, c.heads, c.n, 0, c.out_pad);
       PoisonNaN(out.buf);
-      ASSERT_TRUE(HeadMatmul(HostStream(), x.t, weight.t, transpose_w, out.t).ok());
+      ASSERT_OK(HeadMatmul(HostStream(), x.t, weight.t, transpose_w, out.t));
 
       const std::vector<double> xv = Values(x.t);  // [T, H, K]
       std::vector<double> want;
@@ -699,8 +700,8 @@ TEST(HeadMatmulTest, RejectsBadArguments) {
   ExpectInvalid(HeadMatmul(st, x.t, w.t, false, aliased_heads), "out");
   EXPECT_EQ(st.launches(), launches) << "a rejected call launched something";
   // Both layouts accepted with matching shapes.
-  EXPECT_TRUE(HeadMatmul(st, x.t, w.t, false, out.t).ok());
-  EXPECT_TRUE(HeadMatmul(st, x.t, w_t.t, true, out.t).ok());
+  EXPECT_OK(HeadMatmul(st, x.t, w.t, false, out.t));
+  EXPECT_OK(HeadMatmul(st, x.t, w_t.t, true, out.t));
 }
 
 // ---- SiluAndMul -----------------------------------------------------------------------------
@@ -721,7 +722,7 @@ TEST(SiluAndMulTest, MatchesReference) {
         Randomize(gate_up, -6.0f, 6.0f);  // the whole bend of silu, both tails
         View out = MakeRows(d[1], rows, inter, pad, pad);
         PoisonNaN(out.buf);
-        ASSERT_TRUE(SiluAndMul(HostStream(), gate_up.t, out.t).ok());
+        ASSERT_OK(SiluAndMul(HostStream(), gate_up.t, out.t));
 
         const std::vector<double> gu = Values(gate_up.t);
         std::vector<double> want;
@@ -801,14 +802,14 @@ TEST(BasicOpsGraphTest, CaptureNamesKindsAndReplay) {
 
   // Eager run first; the replay below starts from the same residual.
   const std::vector<double> residual0 = FillRandom(residual, NextSeed());
-  ASSERT_TRUE(launch_all().ok());
+  ASSERT_OK(launch_all());
   const auto eager = snapshot();
 
-  ASSERT_TRUE(st.BeginCapture().ok());
+  ASSERT_OK(st.BeginCapture());
   absl::Status captured = launch_all();
   auto graph = st.EndCapture();
-  ASSERT_TRUE(captured.ok()) << captured;
-  ASSERT_TRUE(graph.ok()) << graph.status();
+  ASSERT_OK(captured);
+  ASSERT_OK(graph);
   const std::vector<std::pair<std::string, OpKind>> expected = {
       {"embedding", OpKind::kKernel},    {"gather_rows", OpKind::kKernel},
       {"rms_norm", OpKind::kKernel},     {"add_rms_norm", OpKind::kKernel},
@@ -824,7 +825,7 @@ TEST(BasicOpsGraphTest, CaptureNamesKindsAndReplay) {
   // Same inputs again (the residual was updated in place), poisoned outputs.
   for (size_t i = 0; i < residual0.size(); ++i) residual.set(static_cast<int64_t>(i), residual0[i]);
   for (const Owned* o : outputs) PoisonNaN(*o);
-  ASSERT_TRUE((*graph)->Replay(st).ok());
+  ASSERT_OK((*graph)->Replay(st));
   const auto replayed = snapshot();
   for (size_t i = 0; i < eager.size(); ++i) {
     EXPECT_EQ(replayed[i], eager[i]) << "output " << i << " differs on replay";

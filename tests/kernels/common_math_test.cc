@@ -25,6 +25,7 @@
 #include "kernels/common/sampling_math.h"
 #include "kernels/common/softmax_math.h"
 #include "kernels/sampling.h"
+#include "tests/status_matchers.h"
 #include "tests/test_util.h"
 
 namespace mlag {
@@ -163,7 +164,8 @@ TEST(RopeMathTest, BaseInverseFrequencies) {
 
 TEST(RopeMathTest, YarnPiecesMatchTheSpec) {
   // V2/V3: dim 64, base 10000, original 4096 positions, beta 32 / 1: the
-  // ramp runs from pair 10 to pair 23 (SPEC-deepseek §3).
+  // ramp runs from pair 10 to pair 23 (yarn_find_correction_range in the
+  // Hugging Face modeling_deepseek.py gives the same).
   const double lo = YarnCorrectionDim(32.0, 64, 10000.0, 4096.0);
   const double hi = YarnCorrectionDim(1.0, 64, 10000.0, 4096.0);
   EXPECT_EQ(std::floor(lo), 10.0);
@@ -805,7 +807,7 @@ std::vector<int32_t> HostSample(const Batch& b) {
   for (int64_t r = 0; r < b.rows; ++r) out.data<int32_t>()[r] = -1;
   const absl::Status st = Sample(testing::HostStream(), logits.t, temp.t, top_k.t, top_p.t,
                                  seeds.t, steps.t, out.t);
-  EXPECT_TRUE(st.ok()) << st;
+  EXPECT_OK(st);
   return std::vector<int32_t>(out.data<int32_t>(), out.data<int32_t>() + b.rows);
 }
 

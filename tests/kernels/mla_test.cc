@@ -1,6 +1,7 @@
 // MLA kernels (rope, kv_update, decode, prefill) against double-precision
-// references written here: YaRN constants from SPEC-deepseek §3/§6, rope
-// rotation on interleaved pairs, the KV write contract of SPEC-runtime, and
+// references written here: YaRN constants (the formulas of the Hugging Face
+// modeling_deepseek.py), rope rotation on interleaved pairs, the KV write
+// contract of kernels/mla_kv_update.h (vLLM's concat_and_cache_mla), and
 // absorbed-form attention against naive multi-head attention built from
 // kv_b_proj (W_UK, W_UV).
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "kernels/mla_attention.h"
 #include "kernels/mla_kv_update.h"
 #include "kernels/rope.h"
+#include "tests/status_matchers.h"
 #include "tests/test_util.h"
 
 namespace mlag {
@@ -77,7 +79,8 @@ std::vector<float> Uniform(size_t n, std::mt19937& rng, float lo = -1.0f, float 
 // ============================================================================
 // Rope
 
-// The YaRN formulas of SPEC §3, all in double.
+// The YaRN formulas of modeling_deepseek.py (yarn_find_correction_dim,
+// yarn_linear_ramp_mask, yarn_get_mscale), all in double.
 struct YarnRef {
   double lo, hi;
   std::vector<double> inv_freq;
@@ -140,7 +143,8 @@ TEST(RopeTest, TinyConfigYarnConstants) {
   EXPECT_EQ(range.lo, 0.0f);
   EXPECT_EQ(range.hi, 5.0f);
 
-  // SPEC §6 prints these with 5 or 6 decimals: each must match to half a unit
+  // tiny-v3's inverse frequencies, computed once with those formulas in
+  // Python and printed with 5 or 6 decimals: each must match to half a unit
   // of its last printed digit (plus f32 rounding).
   const double printed[] = {1, 0.47799, 0.221359, 0.097805, 0.04, 0.014059, 0.007906, 0.004446};
   const int decimals[] = {6, 5, 6, 6, 6, 6, 6, 6};
@@ -230,7 +234,7 @@ TEST(RopeTest, FillRopeTableMatchesDouble) {
   const int positions = 67;
   Owned table = Make(DType::kF32, {positions, 16});
   testing::PoisonNaN(table);
-  ASSERT_TRUE(FillRopeTable(p, table.t).ok());
+  ASSERT_OK(FillRopeTable(p, table.t));
   EXPECT_EQ(testing::CountNaN(table), 0);
   const std::vector<float> inv = ComputeInvFreq(p);
   std::vector<double> want(static_cast<size_t>(positions) * 16);
@@ -257,7 +261,7 @@ TEST(RopeTest, ApplyRopeStridedMatchesDouble) {
   const int dr = 16, half = 8, heads = 5, tokens = 13, positions = 70;
   const int q_nope = 7, q_pad = 3, rkv = 11, k_pad = 5;
   Owned table = Make(DType::kF32, {positions, dr});
-  ASSERT_TRUE(FillRopeTable(p, table.t).ok());
+  ASSERT_OK(FillRopeTable(p, table.t));
 
   // q rows [q_nope | q_pe | pad] per head; k rows [kv_c | k_pe | pad], as the
   // projections produce them.
@@ -274,7 +278,7 @@ TEST(RopeTest, ApplyRopeStridedMatchesDouble) {
 
   const Tensor q_pe = q.t.Slice(2, q_nope, q_nope + dr);
   const Tensor k_pe = k.t.Slice(1, rkv, rkv + dr);
-  ASSERT_TRUE(ApplyRope(HostStream(), pos.t, table.t, q_pe, k_pe).ok());
+  ASSERT_OK(ApplyRope(HostStream(), pos.t, table.t, q_pe, k_pe));
 
   const std::vector<float> inv = ComputeInvFreq(p);
   const double s = GRef(4.0, 1.0) / GRef(4.0, 0.707);
@@ -393,7 +397,7 @@ TEST_P(KvUpdateTest, WritesOnlyMappedSlots) {
   for (int s = 0; s < num_slots; ++s) written[s] = writer[s] >= 0;
   const uint64_t sum_before = ChecksumUnwritten(cache, written);
 
-  ASSERT_TRUE(MlaKvUpdate(HostStream(), kv_c, k_pe, slots.t, cache.t).ok());
+  ASSERT_OK(MlaKvUpdate(HostStream(), kv_c, k_pe, slots.t, cache.t));
 
   EXPECT_EQ(ChecksumUnwritten(cache, written), sum_before);
   const size_t esize = DTypeSize(cache_dtype);
@@ -428,7 +432,7 @@ TEST_P(KvUpdateTest, WritesOnlyMappedSlots) {
   for (int t = 0; t < tokens; ++t) slot[t] = -1;
   std::vector<unsigned char> after(cache_bytes);
   std::memcpy(after.data(), cache.t.data(), cache_bytes);
-  ASSERT_TRUE(MlaKvUpdate(HostStream(), kv_c, k_pe, slots.t, cache.t).ok());
+  ASSERT_OK(MlaKvUpdate(HostStream(), kv_c, k_pe, slots.t, cache.t));
   EXPECT_EQ(std::memcmp(after.data(), cache.t.data(), cache_bytes), 0);
   Record("kv_update", 0.0);  // bit-exact
 }
@@ -551,9 +555,9 @@ PagedKv MakePagedKv(const Dims& d, int block_size, const std::vector<int>& lens,
       for (int s = 0; s < lens[b]; ++s) slots.data<int64_t>()[t++] = slot_of(b, s);
     }
     slots.data<int64_t>()[total] = -1;  // a padding row
-    EXPECT_TRUE(MlaKvUpdate(HostStream(), input.t.Slice(1, 0, d.rkv),
+    EXPECT_OK(MlaKvUpdate(HostStream(), input.t.Slice(1, 0, d.rkv),
                             input.t.Slice(1, d.rkv, row), slots.t, kv.cache.t)
-                    .ok());
+                    );
   } else {
     int t = 0;
     for (int b = 0; b < batch; ++b) {
@@ -737,7 +741,7 @@ DecodeRun RunDecode(const Dims& d, const Weights& w, const PagedKv& kv, const Qu
     st = MlaDecode(HostStream(), q.q_latent, q.q_pe_t, kv.cache.t, kv.block_table.t, kv.seq_lens.t,
                    w.scale, run.out.t, run.lse.t);
   }
-  EXPECT_TRUE(st.ok()) << st;
+  EXPECT_OK(st);
   return run;
 }
 
@@ -876,7 +880,7 @@ TEST(MlaPrefillTest, MatchesDecodePerTokenAndReference) {
     const absl::Status st = MlaPrefill(HostStream(), q.q_latent, q.q_pe_t, kv.cache.t,
                                        kv.block_table.t, kv.seq_lens.t, qsl.t, w.scale, out.t,
                                        lse.t);
-    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_OK(st);
     const AttnErrors e = CheckAgainstReference(d, w, kv, false, q, out, lse, seq_of, keys_of);
     EXPECT_LT(e.out, 1e-5);
     EXPECT_LT(e.lse, 1e-5);
@@ -898,9 +902,9 @@ TEST(MlaPrefillTest, MatchesDecodePerTokenAndReference) {
     testing::PoisonNaN(dec_out);
     testing::PoisonNaN(dec_lse);
     const Tensor q_lat = q.q_latent.Slice(0, 0, rows), q_pe = q.q_pe_t.Slice(0, 0, rows);
-    ASSERT_TRUE(MlaDecode(HostStream(), q_lat, q_pe, kv.cache.t, bt.t, sl.t, w.scale, dec_out.t,
+    ASSERT_OK(MlaDecode(HostStream(), q_lat, q_pe, kv.cache.t, bt.t, sl.t, w.scale, dec_out.t,
                           dec_lse.t)
-                    .ok());
+                    );
     std::vector<double> want(dec_out.numel()), want_lse(dec_lse.numel());
     for (int64_t i = 0; i < dec_out.numel(); ++i) want[i] = dec_out.get(i);
     for (int64_t i = 0; i < dec_lse.numel(); ++i) want_lse[i] = dec_lse.get(i);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 #include "tests/test_util.h"
 
 namespace mlag {
@@ -52,7 +53,7 @@ RouteResult Route(const RoutingParams& p, const std::vector<float>& logits,
   for (int64_t i = 0; i < T * K; ++i) ids.data<int32_t>()[i] = -7;
   PoisonNaN(w);
   absl::Status st = MoeRoute(HostStream(), p, l.t, b.t, ids.t, w.t);
-  EXPECT_TRUE(st.ok()) << st;
+  EXPECT_OK(st);
   EXPECT_EQ(CountNaN(w), 0);
   RouteResult r;
   r.ids.assign(ids.data<int32_t>(), ids.data<int32_t>() + T * K);
@@ -366,7 +367,7 @@ TEST(MoeRoute, RejectsBadParams) {
   good.topk_group = 2;
   good.scoring = ScoringFunc::kSigmoid;
   good.method = TopkMethod::kNoauxTc;
-  ASSERT_TRUE(run(good).ok());
+  ASSERT_OK(run(good));
 
   struct Case {
     const char* field;
@@ -382,7 +383,7 @@ TEST(MoeRoute, RejectsBadParams) {
   p = good;
   p.topk_group = 1;  // only 4 experts selectable, K = 4 is fine ...
   p.top_k = 4;
-  ASSERT_TRUE(run(p).ok());
+  ASSERT_OK(run(p));
   p.topk_group = 1;  // ... but not 5 (shapes aside, params are checked first)
   p.top_k = 5;
   cases.push_back({"top_k", p});
@@ -410,7 +411,7 @@ TEST(MoeRoute, RejectsBadParams) {
   RoutingParams greedy = good;
   greedy.scoring = ScoringFunc::kSoftmax;
   greedy.method = TopkMethod::kGreedy;
-  EXPECT_TRUE(MoeRoute(HostStream(), greedy, l.t, Tensor(), ids.t, w.t).ok());
+  EXPECT_OK(MoeRoute(HostStream(), greedy, l.t, Tensor(), ids.t, w.t));
 }
 
 // ---------------------------------------------------------------------------
@@ -496,7 +497,7 @@ Owned RunExperts(const ExpertsData& d) {
   PoisonNaN(out);
   absl::Status st =
       MoeExperts(HostStream(), d.x.t, d.ids.t, d.w.t, d.map.t, d.w_gu.t, d.w_down.t, out.t);
-  EXPECT_TRUE(st.ok()) << st;
+  EXPECT_OK(st);
   EXPECT_EQ(CountNaN(out), 0);
   return out;
 }
@@ -574,8 +575,8 @@ TEST(MoeExperts, TwoRanksSumToFullMap) {
     }
     Owned out = Make(DType::kF32, {c.T, c.D});
     PoisonNaN(out);
-    ASSERT_TRUE(
-        MoeExperts(HostStream(), full.x.t, full.ids.t, full.w.t, rmap.t, w_gu, w_dn, out.t).ok());
+    ASSERT_OK(
+        MoeExperts(HostStream(), full.x.t, full.ids.t, full.w.t, rmap.t, w_gu, w_dn, out.t));
     ASSERT_EQ(CountNaN(out), 0);
     for (size_t i = 0; i < sum.size(); ++i) sum[i] += out.data<float>()[i];
   }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 #include "tests/test_util.h"
 
 namespace mlag {
@@ -51,7 +52,7 @@ std::vector<int32_t> SampleRows(const std::vector<Row>& rows) {
   }
   absl::Status st = Sample(HostStream(), logits.t, temp.t, top_k.t, top_p.t, seeds.t, steps.t,
                            out.t);
-  EXPECT_TRUE(st.ok()) << st;
+  EXPECT_OK(st);
   return std::vector<int32_t>(out.data<int32_t>(), out.data<int32_t>() + B);
 }
 
@@ -223,8 +224,8 @@ TEST(Sample, RejectsBadArguments) {
   Owned seeds = Make(DType::kI64, {2});
   Owned steps = Make(DType::kI64, {2});
   Owned out = Make(DType::kI32, {2});
-  EXPECT_TRUE(
-      Sample(HostStream(), logits.t, temp.t, top_k.t, top_p.t, seeds.t, steps.t, out.t).ok());
+  EXPECT_OK(
+      Sample(HostStream(), logits.t, temp.t, top_k.t, top_p.t, seeds.t, steps.t, out.t));
   Owned seeds32 = Make(DType::kI32, {2});
   absl::Status st =
       Sample(HostStream(), logits.t, temp.t, top_k.t, top_p.t, seeds32.t, steps.t, out.t);

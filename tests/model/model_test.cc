@@ -12,6 +12,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 #include "runtime/checkpoint/builtin_models.h"
 #include "runtime/checkpoint/model_loader.h"
 #include "runtime/checkpoint/safetensors.h"
@@ -43,7 +44,7 @@ std::unique_ptr<ModelHarness> Harness(ModelSource& source, int max_tokens = 64) 
   ModelHarness::Options o;
   o.max_tokens = max_tokens;
   auto h = ModelHarness::Create(source, o);
-  EXPECT_TRUE(h.ok()) << h.status();
+  EXPECT_OK(h);
   return h.ok() ? std::move(*h) : nullptr;
 }
 
@@ -58,7 +59,7 @@ std::vector<float> LogitsInChunks(ModelSource& source, const std::vector<int>& p
     std::vector<int> piece(prompt.begin() + pos, prompt.begin() + pos + n);
     pos += n;
     auto out = h->Step({0}, {piece});
-    EXPECT_TRUE(out.ok()) << out.status();
+    EXPECT_OK(out);
     if (!out.ok()) return {};
     last = (*out)[0];
   }
@@ -70,15 +71,15 @@ class ModelTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ModelTest, ExportThenLoadGivesIdenticalLogits) {
   auto builtin = OpenModel(GetParam());
-  ASSERT_TRUE(builtin.ok()) << builtin.status();
+  ASSERT_OK(builtin);
   const std::string dir = TempDir(GetParam() + "_export");
-  ASSERT_TRUE(ExportModel(builtin->config, *builtin->weights, dir).ok());
+  ASSERT_OK(ExportModel(builtin->config, *builtin->weights, dir));
 
   auto loaded = OpenModel(dir);
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_OK(loaded);
   std::vector<int> prompt = RandomTokens(13, builtin->config.vocab_size, 5);
   auto fresh = OpenModel(GetParam());
-  ASSERT_TRUE(fresh.ok());
+  ASSERT_OK(fresh);
   std::vector<float> a = LogitsInChunks(*fresh, prompt, {13});
   std::vector<float> b = LogitsInChunks(*loaded, prompt, {13});
   ASSERT_EQ(a.size(), static_cast<size_t>(builtin->config.vocab_size));
@@ -90,7 +91,7 @@ TEST_P(ModelTest, ExportThenLoadGivesIdenticalLogits) {
 
 TEST_P(ModelTest, ChunkedPrefillAndDecodeMatchOneShotPrefill) {
   auto source = OpenModel(GetParam());
-  ASSERT_TRUE(source.ok());
+  ASSERT_OK(source);
   std::vector<int> prompt = RandomTokens(24, source->config.vocab_size, 11);
   std::vector<float> once = LogitsInChunks(*source, prompt, {24});
   std::vector<float> chunked = LogitsInChunks(*source, prompt, {10, 14});
@@ -107,15 +108,15 @@ TEST_P(ModelTest, ChunkedPrefillAndDecodeMatchOneShotPrefill) {
 
 TEST_P(ModelTest, EveryLayerRecordsKvUpdateThenMla) {
   auto source = OpenModel(GetParam());
-  ASSERT_TRUE(source.ok());
+  ASSERT_OK(source);
   auto h = Harness(*source);
   ASSERT_TRUE(h);
   AttentionMetadata meta = h->BuildMetadata({0, 1}, {{1}, {2}});
   Stream& stream = testing::HostStream();
-  ASSERT_TRUE(stream.BeginCapture().ok());
-  ASSERT_TRUE(h->model().Forward(stream, meta).ok());
+  ASSERT_OK(stream.BeginCapture());
+  ASSERT_OK(h->model().Forward(stream, meta));
   auto graph = stream.EndCapture();
-  ASSERT_TRUE(graph.ok()) << graph.status();
+  ASSERT_OK(graph);
   const auto& nodes = (*graph)->nodes();
   for (int l = 0; l < source->config.num_hidden_layers; ++l) {
     const std::string kv = "layers." + std::to_string(l) + ".attn.kv_update";
@@ -148,9 +149,9 @@ class MalformedCheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
     auto src = OpenModel("tiny-v2");
-    ASSERT_TRUE(src.ok());
+    ASSERT_OK(src);
     good_ = TempDir("good");
-    ASSERT_TRUE(ExportModel(src->config, *src->weights, good_).ok());
+    ASSERT_OK(ExportModel(src->config, *src->weights, good_));
   }
 
   // Copies the good checkpoint into `dir`, applying `edit` to the writer's
@@ -158,7 +159,7 @@ class MalformedCheckpointTest : public ::testing::Test {
   void Rewrite(const std::string& dir,
                const std::function<bool(std::string&, std::vector<int64_t>&)>& keep) {
     auto ckpt = Checkpoint::Open(good_);
-    ASSERT_TRUE(ckpt.ok());
+    ASSERT_OK(ckpt);
     SafetensorsWriter w;
     for (const std::string& name : (*ckpt)->names()) {
       const SafetensorsTensor* t = (*ckpt)->Find(name);
@@ -170,15 +171,15 @@ class MalformedCheckpointTest : public ::testing::Test {
         int64_t numel = 1;
         for (int64_t s : shape) numel *= s;
         std::vector<uint8_t> zeros(numel * DTypeSize(t->dtype), 0);
-        ASSERT_TRUE(w.Add(n, t->dtype, shape, zeros.data()).ok());
+        ASSERT_OK(w.Add(n, t->dtype, shape, zeros.data()));
       } else {
-        ASSERT_TRUE(w.Add(n, t->dtype, shape, t->data).ok());
+        ASSERT_OK(w.Add(n, t->dtype, shape, t->data));
       }
     }
     ASSERT_EQ(std::system(("mkdir -p '" + dir + "' && cp '" + good_ + "/config.json' '" + dir +
                            "/'").c_str()),
               0);
-    ASSERT_TRUE(w.Write(dir + "/model.safetensors").ok());
+    ASSERT_OK(w.Write(dir + "/model.safetensors"));
   }
 
   absl::Status Load(const std::string& dir) {
@@ -192,7 +193,7 @@ class MalformedCheckpointTest : public ::testing::Test {
   std::string good_;
 };
 
-TEST_F(MalformedCheckpointTest, GoodCheckpointLoads) { EXPECT_TRUE(Load(good_).ok()); }
+TEST_F(MalformedCheckpointTest, GoodCheckpointLoads) { EXPECT_OK(Load(good_)); }
 
 TEST_F(MalformedCheckpointTest, WrongShapeIsNamed) {
   const std::string dir = TempDir("shape");

@@ -1,5 +1,6 @@
 // An independent double-precision reference forward of the DeepSeek-V2/V3
-// model (SPEC-deepseek §3-§5), written entirely in this test, checked against
+// model (the math of the Hugging Face modeling_deepseek.py: MLA, YaRN rope, MoE
+// routing, RMSNorm), written entirely in this test, checked against
 // the runtime's model run through ModelHarness (paged cache, absorbed MLA,
 // batched f32 kernels).
 //
@@ -28,6 +29,7 @@
 #include "runtime/checkpoint/builtin_models.h"
 #include "runtime/checkpoint/model_loader.h"
 #include "tests/model/model_harness.h"
+#include "tests/status_matchers.h"
 #include "tests/test_util.h"
 
 namespace mlag::testing {
@@ -96,10 +98,10 @@ Vec RmsNorm(const Vec& x, const Vec& w, double eps) {
   return y;
 }
 
-// g(F, m) of SPEC §3.
+// yarn_get_mscale(F, m) of modeling_deepseek.py.
 double YarnG(double factor, double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
 
-// inv_freq[i], i < dr/2, from the SPEC §3 formulas.
+// inv_freq[i], i < dr/2, from modeling_deepseek.py's YaRN formulas.
 Vec ReferenceInvFreq(const ModelConfig& c) {
   const int dr = c.qk_rope_head_dim;
   const double base = c.rope.theta;
@@ -165,7 +167,7 @@ struct Routing {
   Vec weights;
 };
 
-// SPEC §4, on the router logits l (computed in double).
+// MoEGate of modeling_deepseek.py, on the router logits l (computed in double).
 Routing Route(const ModelConfig& c, const Vec& l, const Vec& bias, double* margin) {
   const int E = c.n_routed_experts, K = c.num_experts_per_tok;
   const double ninf = -std::numeric_limits<double>::infinity();
@@ -227,7 +229,7 @@ class ReferenceModel {
     auto vec = [&](const std::string& n, int64_t len) {
       std::vector<float> f(static_cast<size_t>(len));
       absl::Status st = src.ReadF32(n, {len}, f.data());
-      EXPECT_TRUE(st.ok()) << st;
+      EXPECT_OK(st);
       return Vec(f.begin(), f.end());
     };
     auto mat = [&](const std::string& n, int64_t rows, int64_t cols) {
@@ -236,7 +238,7 @@ class ReferenceModel {
       m.cols = cols;
       std::vector<float> f(static_cast<size_t>(rows * cols));
       absl::Status st = src.ReadF32(n, {rows, cols}, f.data());
-      EXPECT_TRUE(st.ok()) << st;
+      EXPECT_OK(st);
       m.w.assign(f.begin(), f.end());
       return m;
     };
@@ -414,12 +416,12 @@ double RelErr(const std::vector<float>& got, const Vec& want) {
 
 std::unique_ptr<ModelHarness> MakeHarness(const std::string& name) {
   absl::StatusOr<ModelSource> source = OpenModel(name);
-  EXPECT_TRUE(source.ok()) << source.status();
+  EXPECT_OK(source);
   if (!source.ok()) return nullptr;
   ModelHarness::Options options;
   options.max_tokens = 64;  // >= the 24 + 9 tokens of the batched step
   absl::StatusOr<std::unique_ptr<ModelHarness>> h = ModelHarness::Create(*source, options);
-  EXPECT_TRUE(h.ok()) << h.status();
+  EXPECT_OK(h);
   return h.ok() ? std::move(*h) : nullptr;
 }
 
@@ -432,7 +434,8 @@ void ReportMargin(const std::string& name, ReferenceModel& ref) {
 }
 
 // ---------------------------------------------------------------------------
-// Self-checks of the reference against the numbers SPEC §6 states.
+// Self-checks of the reference against tiny-v3's YaRN numbers, computed once
+// in Python from modeling_deepseek.py's formulas.
 
 TEST(ReferenceForwardSelfCheck, YarnMatchesSpecForTinyModels) {
   for (const char* name : {"tiny-v3", "tiny-v2"}) {
@@ -474,7 +477,7 @@ TEST_P(ReferenceForwardTest, PrefillOneSequence) {
   std::unique_ptr<ModelHarness> h = MakeHarness(name);
   ASSERT_NE(h, nullptr);
   auto got = h->Step({0}, {prompt});
-  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_OK(got);
   ASSERT_EQ(got->size(), 1u);
   const double err = RelErr((*got)[0], want[23]);
   std::printf("reference_forward %s rel_err %.3g\n", name.c_str(), err);
@@ -496,7 +499,7 @@ TEST_P(ReferenceForwardTest, TwoSequencesThenDecode) {
   // Both prompts in one prefill step.
   auto got = h->Step({0, 1}, {std::vector<int>(a.begin(), a.begin() + 24),
                               std::vector<int>(b.begin(), b.begin() + 9)});
-  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_OK(got);
   ASSERT_EQ(got->size(), 2u);
   const double err_a = RelErr((*got)[0], want_a[23]);
   const double err_b = RelErr((*got)[1], want_b[8]);
@@ -509,7 +512,7 @@ TEST_P(ReferenceForwardTest, TwoSequencesThenDecode) {
 
   // One decode step for both sequences (positions 24 and 9).
   auto dec = h->Step({0, 1}, {{a[24]}, {b[9]}});
-  ASSERT_TRUE(dec.ok()) << dec.status();
+  ASSERT_OK(dec);
   ASSERT_EQ(dec->size(), 2u);
   const double err_da = RelErr((*dec)[0], want_a[24]);
   const double err_db = RelErr((*dec)[1], want_b[9]);

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 #include "runtime/engine/engine.h"
 
 namespace mlag {
@@ -43,14 +44,14 @@ RunRecord RunAll(Engine& engine, const std::vector<RequestSpec>& specs) {
   std::vector<RequestId> ids;
   for (const RequestSpec& s : specs) {
     auto id = engine.AddRequest(s);
-    EXPECT_TRUE(id.ok()) << id.status();
+    EXPECT_OK(id);
     ids.push_back(*id);
   }
   const int V = engine.config().vocab_size;
   int guard = 0;
   while (engine.HasUnfinished() && ++guard < 10000) {
     auto out = engine.Step();
-    EXPECT_TRUE(out.ok()) << out.status();
+    EXPECT_OK(out);
     if (!out.ok()) break;
     Tensor logits = engine.runner().last_logits();
     for (size_t i = 0; i < out->new_tokens.size(); ++i) {
@@ -79,8 +80,8 @@ std::vector<RequestSpec> MixedRequests(int n, int vocab, uint32_t seed, int max_
 TEST(EngineTest, GraphReplayMatchesEagerBitForBit) {
   auto graphs = Engine::Create(TinyOptions(GraphMode::kFullDecode));
   auto eager = Engine::Create(TinyOptions(GraphMode::kNone));
-  ASSERT_TRUE(graphs.ok()) << graphs.status();
-  ASSERT_TRUE(eager.ok()) << eager.status();
+  ASSERT_OK(graphs);
+  ASSERT_OK(eager);
   auto specs = MixedRequests(64, (*graphs)->config().vocab_size, 3, 6);
   RunRecord a = RunAll(**graphs, specs);
   RunRecord b = RunAll(**eager, specs);
@@ -121,7 +122,7 @@ TEST(EngineTest, Bf16KvCacheGraphMatchesEager) {
 
 TEST(EngineTest, OneGraphPerCaptureSizeWithKvUpdateBeforeMla) {
   auto engine = Engine::Create(TinyOptions(GraphMode::kFullDecode));
-  ASSERT_TRUE(engine.ok()) << engine.status();
+  ASSERT_OK(engine);
   ModelRunner& runner = (*engine)->runner();
   const std::vector<int> expected = DefaultCaptureSizes(64, 256);
   EXPECT_EQ(runner.capture_sizes(), expected);
@@ -157,7 +158,7 @@ std::vector<RequestId> StartRequests(Engine& engine, const std::vector<RequestSp
                                      int steps) {
   std::vector<RequestId> ids;
   for (const RequestSpec& s : specs) ids.push_back(engine.AddRequest(s).value());
-  for (int i = 0; i < steps; ++i) EXPECT_TRUE(engine.Step().ok());
+  for (int i = 0; i < steps; ++i) EXPECT_OK(engine.Step());
   return ids;
 }
 
@@ -187,12 +188,12 @@ TEST(EngineTest, DummyRunsLeaveEveryLiveKvPageUnchanged) {
   const auto before = runner.BlockChecksums(in_use).value();
   const uint64_t pool_before = runner.KvChecksum({}).value();
 
-  ASSERT_TRUE(runner.CaptureGraphs().ok());
+  ASSERT_OK(runner.CaptureGraphs());
   for (int size : runner.capture_sizes()) {
-    for (int i = 0; i < 100; ++i) ASSERT_TRUE(runner.DummyStep(size).ok());
+    for (int i = 0; i < 100; ++i) ASSERT_OK(runner.DummyStep(size));
   }
   // A dummy step above the largest captured size runs eagerly.
-  ASSERT_TRUE(runner.DummyStep(runner.capture_sizes().back() - 3).ok());
+  ASSERT_OK(runner.DummyStep(runner.capture_sizes().back() - 3));
 
   EXPECT_EQ(runner.BlockChecksums(in_use).value(), before);
   EXPECT_EQ(runner.KvChecksum({}).value(), pool_before);
@@ -260,7 +261,7 @@ TEST(EngineTest, PrefixCacheHitsAndKeepsTokens) {
       s.prompt.insert(s.prompt.end(), tail.begin(), tail.end());
       s.max_tokens = 8;
       RequestId id = engine->AddRequest(s).value();
-      while (engine->HasUnfinished()) EXPECT_TRUE(engine->Step().ok());
+      while (engine->HasUnfinished()) EXPECT_OK(engine->Step());
       outputs.push_back(engine->request(id)->output_tokens());
       if (i == 0) *hit_tokens = engine->kv_cache().hit_tokens();
     }
@@ -323,7 +324,7 @@ TEST(EngineTest, InvalidRequestsAreRejectedAlone) {
   good.prompt = {1, 2, 3};
   good.max_tokens = 3;
   RequestId id = engine->AddRequest(good).value();
-  while (engine->HasUnfinished()) ASSERT_TRUE(engine->Step().ok());
+  while (engine->HasUnfinished()) ASSERT_OK(engine->Step());
   EXPECT_EQ(engine->request(id)->num_output_tokens(), 3);
   EXPECT_EQ(engine->request(id)->finish_reason, FinishReason::kLength);
 }
@@ -335,10 +336,10 @@ TEST(EngineTest, AbortAndStopTokens) {
   s.max_tokens = 10;
   RequestId a = engine->AddRequest(s).value();
   RequestId b = engine->AddRequest(s).value();
-  ASSERT_TRUE(engine->Step().ok());
-  ASSERT_TRUE(engine->Abort(a).ok());
+  ASSERT_OK(engine->Step());
+  ASSERT_OK(engine->Abort(a));
   EXPECT_EQ(engine->request(a)->finish_reason, FinishReason::kAbort);
-  while (engine->HasUnfinished()) ASSERT_TRUE(engine->Step().ok());
+  while (engine->HasUnfinished()) ASSERT_OK(engine->Step());
   const std::vector<int32_t> full = engine->request(b)->output_tokens();
   ASSERT_EQ(full.size(), 10u);
   EXPECT_EQ(engine->kv_cache().num_free_blocks(), engine->kv_cache().num_blocks() - 1);
@@ -347,7 +348,7 @@ TEST(EngineTest, AbortAndStopTokens) {
   RequestSpec stop = s;
   stop.stop_token_ids = {full[2]};
   RequestId c = engine->AddRequest(stop).value();
-  while (engine->HasUnfinished()) ASSERT_TRUE(engine->Step().ok());
+  while (engine->HasUnfinished()) ASSERT_OK(engine->Step());
   const Request* rc = engine->request(c);
   EXPECT_EQ(rc->finish_reason, FinishReason::kStop);
   const size_t first = std::find(full.begin(), full.end(), full[2]) - full.begin();

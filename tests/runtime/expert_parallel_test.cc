@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "comm/local_communicator.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 #include "runtime/checkpoint/builtin_models.h"
 #include "runtime/engine/expert_parallel.h"
 
@@ -51,9 +52,9 @@ std::vector<RequestSpec> Requests(int n, int vocab, uint32_t seed, int shared_pr
 EpRunResult RunSingle(const EngineOptions& options, const std::vector<RequestSpec>& specs) {
   auto engine = Engine::Create(options).value();
   for (size_t i = 0; i < specs.size(); ++i) {
-    EXPECT_TRUE(engine->AddRequestWithId(specs[i], static_cast<RequestId>(i)).ok());
+    EXPECT_OK(engine->AddRequestWithId(specs[i], static_cast<RequestId>(i)));
   }
-  while (engine->HasUnfinished()) EXPECT_TRUE(engine->Step().ok());
+  while (engine->HasUnfinished()) EXPECT_OK(engine->Step());
   EpRunResult r;
   for (size_t i = 0; i < specs.size(); ++i) {
     r.requests.push_back(ResultOf(*engine->request(static_cast<RequestId>(i))));
@@ -88,7 +89,7 @@ TEST_P(ExpertParallelTest, SameTokensAndLogitsAsOneRank) {
     EpOptions ep;
     ep.world = world;
     auto result = RunLocalExpertParallel(options, ep, specs);
-    ASSERT_TRUE(result.ok()) << result.status();
+    ASSERT_OK(result);
     ASSERT_EQ(result->requests.size(), specs.size());
     double worst = 0;
     for (size_t i = 0; i < specs.size(); ++i) {
@@ -125,12 +126,12 @@ TEST(ExpertParallelReconfigureTest, FourToTwoToThreeKeepsTokensAndKvPages) {
   EpOptions plain;
   plain.world = 4;
   auto base = RunLocalExpertParallel(options, plain, specs);
-  ASSERT_TRUE(base.ok()) << base.status();
+  ASSERT_OK(base);
 
   EpOptions ep = plain;
   ep.reconfigure = {{4, 2}, {9, 3}};
   auto result = RunLocalExpertParallel(options, ep, specs);
-  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_OK(result);
   ASSERT_EQ(result->reconfigurations.size(), 2u);
   EXPECT_EQ(result->reconfigurations[0].from, 4);
   EXPECT_EQ(result->reconfigurations[0].to, 2);
@@ -177,7 +178,7 @@ TEST(ExpertParallelReconfigureTest, MigratedExpertsEqualAFreshLoad) {
     });
   }
   for (auto& t : threads) t.join();
-  for (int r = 0; r < 4; ++r) ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+  for (int r = 0; r < 4; ++r) ASSERT_OK(status[r]) << "rank " << r;
 
   const ExpertPlacement placement = EvenPlacement(config.n_routed_experts, 3);
   GeneratedWeights fresh(config);
@@ -194,9 +195,9 @@ TEST(ExpertParallelReconfigureTest, MigratedExpertsEqualAFreshLoad) {
       for (size_t slot = 0; slot < expected.size(); ++slot) {
         const std::string p = "model.layers." + std::to_string(l) + ".mlp.experts." +
                               std::to_string(expected[slot]) + ".";
-        ASSERT_TRUE(fresh.ReadF32(p + "gate_proj.weight", {I, D}, gate.data()).ok());
-        ASSERT_TRUE(fresh.ReadF32(p + "up_proj.weight", {I, D}, up.data()).ok());
-        ASSERT_TRUE(fresh.ReadF32(p + "down_proj.weight", {D, I}, down.data()).ok());
+        ASSERT_OK(fresh.ReadF32(p + "gate_proj.weight", {I, D}, gate.data()));
+        ASSERT_OK(fresh.ReadF32(p + "up_proj.weight", {I, D}, up.data()));
+        ASSERT_OK(fresh.ReadF32(p + "down_proj.weight", {D, I}, down.data()));
         const float* gu = moe->expert_gate_up(static_cast<int>(slot)).data_as<float>();
         const float* dn = moe->expert_down(static_cast<int>(slot)).data_as<float>();
         EXPECT_EQ(std::memcmp(gu, gate.data(), gate.size() * 4), 0);

@@ -10,6 +10,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 #include "runtime/engine/block_pool.h"
 #include "runtime/engine/kv_cache_manager.h"
 
@@ -58,19 +59,19 @@ TEST(BlockPoolTest, InitialStateAndAllocation) {
   EXPECT_THAT(pool.FreeQueueOrder(), ElementsAre(1, 2, 3, 4, 5, 6, 7));
 
   auto blocks = pool.Allocate(3);
-  ASSERT_TRUE(blocks.ok()) << blocks.status();
+  ASSERT_OK(blocks);
   EXPECT_THAT(*blocks, ElementsAre(1, 2, 3));
   for (int b : *blocks) EXPECT_EQ(pool.ref_count(b), 1);
   EXPECT_EQ(pool.num_free_blocks(), 4);
   EXPECT_THAT(pool.FreeQueueOrder(), ElementsAre(4, 5, 6, 7));
 
   auto none = pool.Allocate(0);
-  ASSERT_TRUE(none.ok());
+  ASSERT_OK(none);
   EXPECT_THAT(*none, IsEmpty());
   EXPECT_EQ(pool.Allocate(-1).status().code(), absl::StatusCode::kInvalidArgument);
 
   // Freed blocks go to the tail in the order given.
-  ASSERT_TRUE(pool.Free({3, 1}).ok());
+  ASSERT_OK(pool.Free({3, 1}));
   EXPECT_THAT(pool.FreeQueueOrder(), ElementsAre(4, 5, 6, 7, 3, 1));
   EXPECT_EQ(pool.ref_count(1), 0);
   EXPECT_EQ(pool.ref_count(2), 1);
@@ -80,12 +81,12 @@ TEST(BlockPoolTest, NullBlockNeverHandedOut) {
   BlockPool pool(5);
   for (int round = 0; round < 3; ++round) {
     auto blocks = pool.Allocate(4);
-    ASSERT_TRUE(blocks.ok());
+    ASSERT_OK(blocks);
     EXPECT_THAT(*blocks, ::testing::Not(::testing::Contains(0)));
     EXPECT_EQ(pool.num_free_blocks(), 0);
     EXPECT_EQ(pool.Allocate(1).status().code(), absl::StatusCode::kResourceExhausted);
     EXPECT_EQ(pool.ref_count(0), 0);
-    ASSERT_TRUE(pool.Free(*blocks).ok());
+    ASSERT_OK(pool.Free(*blocks));
   }
   // Block 0 can be neither cached, touched nor freed.
   pool.Cache(0, BlockPool::MakeKey(BlockPool::kRootHash, Iota(4, 0)));
@@ -108,10 +109,10 @@ TEST(BlockPoolTest, NullBlockNeverHandedOut) {
 TEST(BlockPoolTest, AllocateFailureLeavesStateUnchanged) {
   BlockPool pool(6);
   auto blocks = pool.Allocate(3);
-  ASSERT_TRUE(blocks.ok());
+  ASSERT_OK(blocks);
   pool.Cache((*blocks)[0], BlockPool::MakeKey(BlockPool::kRootHash, Iota(4, 0)));
   pool.Cache((*blocks)[1], BlockPool::MakeKey(BlockPool::kRootHash, Iota(4, 10)));
-  ASSERT_TRUE(pool.Free({(*blocks)[1], (*blocks)[0]}).ok());
+  ASSERT_OK(pool.Free({(*blocks)[1], (*blocks)[0]}));
   const PoolSnapshot before = Snapshot(pool);
   EXPECT_EQ(before.num_free, 4);
   EXPECT_EQ(before.num_cached, 2);
@@ -125,7 +126,7 @@ TEST(BlockPoolTest, AllocateFailureLeavesStateUnchanged) {
 TEST(BlockPoolTest, FreeMisuseChangesNothing) {
   BlockPool pool(6);
   auto blocks = pool.Allocate(2);  // {1, 2}
-  ASSERT_TRUE(blocks.ok());
+  ASSERT_OK(blocks);
   const PoolSnapshot before = Snapshot(pool);
   EXPECT_EQ(pool.Free({0}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(pool.Free({6}).code(), absl::StatusCode::kInvalidArgument);
@@ -139,7 +140,7 @@ TEST(BlockPoolTest, FreeMisuseChangesNothing) {
   // Two references may be released in one call.
   pool.Touch(1);
   EXPECT_EQ(pool.ref_count(1), 2);
-  EXPECT_TRUE(pool.Free({1, 1}).ok());
+  EXPECT_OK(pool.Free({1, 1}));
   EXPECT_EQ(pool.ref_count(1), 0);
   EXPECT_THAT(pool.FreeQueueOrder(), ElementsAre(3, 4, 5, 1));
 }
@@ -158,7 +159,7 @@ TEST(BlockPoolTest, TouchAndCacheMisuseAreIgnored) {
   EXPECT_EQ(pool.num_cached_blocks(), 0);
 
   auto blocks = pool.Allocate(2);  // {1, 2}
-  ASSERT_TRUE(blocks.ok());
+  ASSERT_OK(blocks);
   pool.Cache(1, key);
   EXPECT_TRUE(pool.is_cached(1));
   // Same key again, elsewhere: no-op, the first block keeps serving it.
@@ -176,7 +177,7 @@ TEST(BlockPoolTest, TouchAndCacheMisuseAreIgnored) {
 TEST(BlockPoolTest, HashCollisionIsAMiss) {
   BlockPool pool(8);
   auto blocks = pool.Allocate(3);  // {1, 2, 3}
-  ASSERT_TRUE(blocks.ok());
+  ASSERT_OK(blocks);
   // Keys built by hand with one hash but different contents.
   const Key a{42, BlockPool::kRootHash, {1, 2, 3, 4}};
   const Key b{42, BlockPool::kRootHash, {5, 6, 7, 8}};
@@ -193,9 +194,9 @@ TEST(BlockPoolTest, HashCollisionIsAMiss) {
   EXPECT_EQ(pool.Lookup(b), 2);
   EXPECT_EQ(pool.Lookup(c), 3);
   // Evicting one leaves the others findable.
-  ASSERT_TRUE(pool.Free({2}).ok());
+  ASSERT_OK(pool.Free({2}));
   auto all = pool.Allocate(5);  // 4, 5, 6, 7, then 2 (evicted)
-  ASSERT_TRUE(all.ok());
+  ASSERT_OK(all);
   EXPECT_EQ(all->back(), 2);
   EXPECT_FALSE(pool.is_cached(2));
   EXPECT_EQ(pool.Lookup(b), -1);

@@ -1,4 +1,4 @@
-// config.json parsing (SPEC-deepseek §1): the released V3 / V2 / V2-Lite
+// config.json parsing: the released V3 / V2 / V2-Lite
 // configs, both rope forms, an error naming the field for every bad input,
 // and ModelConfigToJson -> ParseModelConfig round trips.
 #include <stdlib.h>
@@ -11,6 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 #include "runtime/checkpoint/model_config_json.h"
 
 namespace mlag {
@@ -83,7 +84,7 @@ const char* const kV2LiteConfig = R"({
 
 ModelConfig MustParse(const std::string& text) {
   auto c = ParseModelConfig(text, "config.json");
-  EXPECT_TRUE(c.ok()) << c.status();
+  EXPECT_OK(c);
   return c.ok() ? *c : ModelConfig{};
 }
 
@@ -477,7 +478,7 @@ TEST(ModelConfigTest, ToJsonRoundTrips) {
   EXPECT_EQ(lite["architectures"], json::array({"DeepseekV2ForCausalLM"}));
   EXPECT_TRUE(lite["q_lora_rank"].is_null());
 
-  // SPEC §6 variant A (odd float values), and a dense config with plain rope.
+  // tiny-v3's config (odd float values), and a dense config with plain rope.
   ModelConfig a;
   a.model_type = "deepseek_v3";
   a.vocab_size = 1024;
@@ -542,7 +543,7 @@ TEST(ModelConfigTest, LoadFromFile) {
     out << kV2LiteConfig;
   }
   auto c = LoadModelConfig(dir + "/config.json");
-  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_OK(c);
   EXPECT_EQ(c->hidden_size, 2048);
 
   auto missing = LoadModelConfig(dir + "/absent.json");

@@ -20,6 +20,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace mlag {
 namespace {
@@ -105,10 +106,10 @@ TEST(SafetensorsTest, RoundTripMixedDtypesBytesIdentical) {
   uint32_t seed = 1;
   for (const Spec& s : MixedSpecs()) {
     payloads.push_back(RandomBytes(Bytes(s), seed++));
-    ASSERT_TRUE(writer.Add(s.name, s.dtype, s.shape, payloads.back().data()).ok()) << s.name;
+    ASSERT_OK(writer.Add(s.name, s.dtype, s.shape, payloads.back().data())) << s.name;
   }
   writer.SetMetadata("origin", "test");
-  ASSERT_TRUE(writer.Write(path).ok());
+  ASSERT_OK(writer.Write(path));
   // The writer copied: clobbering the sources after Add must not matter.
   std::vector<std::vector<uint8_t>> expected = payloads;
   for (auto& p : payloads) std::fill(p.begin(), p.end(), 0xAB);
@@ -128,7 +129,7 @@ TEST(SafetensorsTest, RoundTripMixedDtypesBytesIdentical) {
   EXPECT_EQ(header["__metadata__"]["origin"], "test");
 
   auto file_or = SafetensorsFile::Open(path);
-  ASSERT_TRUE(file_or.ok()) << file_or.status();
+  ASSERT_OK(file_or);
   const SafetensorsFile& file = **file_or;
   EXPECT_EQ(file.tensors().size(), MixedSpecs().size());
   EXPECT_EQ(file.metadata().at("format"), "pt");
@@ -161,7 +162,7 @@ TEST(SafetensorsTest, RoundTripMixedDtypesBytesIdentical) {
 
   // The same directory opens as a checkpoint.
   auto ckpt = Checkpoint::Open(dir);
-  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  ASSERT_OK(ckpt);
   EXPECT_EQ((*ckpt)->size(), MixedSpecs().size());
   EXPECT_TRUE(std::is_sorted((*ckpt)->names().begin(), (*ckpt)->names().end()));
   const SafetensorsTensor* w = (*ckpt)->Find("model.layers.0.w_f32");
@@ -172,11 +173,11 @@ TEST(SafetensorsTest, RoundTripMixedDtypesBytesIdentical) {
   // Rewriting the file while it is mapped leaves the open views intact.
   SafetensorsWriter other;
   const float one = 1.0f;
-  ASSERT_TRUE(other.Add("other", DType::kF32, {}, &one).ok());
-  ASSERT_TRUE(other.Write(path).ok());
+  ASSERT_OK(other.Add("other", DType::kF32, {}, &one));
+  ASSERT_OK(other.Write(path));
   EXPECT_EQ(std::memcmp(w->data, expected[0].data(), w->nbytes), 0);
   auto reopened = SafetensorsFile::Open(path);
-  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  ASSERT_OK(reopened);
   EXPECT_EQ((*reopened)->tensors().size(), 1u);
   EXPECT_NE((*reopened)->Find("other"), nullptr);
 }
@@ -195,7 +196,7 @@ TEST(SafetensorsTest, ReadsAHandWrittenReferenceFile) {
   data.append(reinterpret_cast<const char*>(&b), 2);
   WriteBytes(path, LengthPrefix(header.size()) + header + data);
   auto file = SafetensorsFile::Open(path);
-  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_OK(file);
   const SafetensorsTensor* ta = (*file)->Find("a");
   ASSERT_NE(ta, nullptr);
   float got[2];
@@ -224,9 +225,9 @@ TEST(SafetensorsTest, ShardedWriteLoadsTheSameTensors) {
   std::vector<std::vector<uint8_t>> payloads;
   for (size_t i = 0; i < specs.size(); ++i) {
     payloads.push_back(RandomBytes(Bytes(specs[i]), 100 + static_cast<uint32_t>(i)));
-    ASSERT_TRUE(writer.Add(specs[i].name, specs[i].dtype, specs[i].shape, payloads[i].data()).ok());
+    ASSERT_OK(writer.Add(specs[i].name, specs[i].dtype, specs[i].shape, payloads[i].data()));
   }
-  ASSERT_TRUE(writer.WriteSharded(dir, 400).ok());
+  ASSERT_OK(writer.WriteSharded(dir, 400));
 
   const json index = json::parse(ReadBytes(dir + "/model.safetensors.index.json"));
   std::set<std::string> shard_files;
@@ -242,7 +243,7 @@ TEST(SafetensorsTest, ShardedWriteLoadsTheSameTensors) {
   EXPECT_EQ(index["metadata"]["total_size"].get<size_t>(), total);
 
   auto ckpt = Checkpoint::Open(dir);
-  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  ASSERT_OK(ckpt);
   EXPECT_EQ((*ckpt)->size(), specs.size());
   EXPECT_EQ((*ckpt)->files().size(), shard_files.size());
   EXPECT_TRUE(std::is_sorted((*ckpt)->names().begin(), (*ckpt)->names().end()));
@@ -261,7 +262,7 @@ TEST(SafetensorsTest, ShardedWriteLoadsTheSameTensors) {
 TEST(SafetensorsTest, WriterRejectsBadAdds) {
   SafetensorsWriter writer;
   const float x[2] = {1, 2};
-  ASSERT_TRUE(writer.Add("x", DType::kF32, {2}, x).ok());
+  ASSERT_OK(writer.Add("x", DType::kF32, {2}, x));
   EXPECT_EQ(writer.Add("x", DType::kF32, {2}, x).code(), absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(writer.Add("neg", DType::kF32, {-1, 2}, x).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(writer.Add("__metadata__", DType::kF32, {2}, x).code(),
@@ -269,7 +270,7 @@ TEST(SafetensorsTest, WriterRejectsBadAdds) {
   EXPECT_EQ(writer.Add("", DType::kF32, {2}, x).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(writer.Add("null", DType::kF32, {2}, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(writer.Add("empty_null", DType::kF32, {0}, nullptr).ok());
+  EXPECT_OK(writer.Add("empty_null", DType::kF32, {0}, nullptr));
   EXPECT_EQ(writer.size(), 2u);
   const absl::Status s = writer.Write("/nonexistent-dir-mlag/x.safetensors");
   EXPECT_FALSE(s.ok());
@@ -449,9 +450,9 @@ TEST(SafetensorsTest, TruncatedAndCorruptedFilesNeverCrash) {
   uint32_t seed = 7;
   for (const Spec& s : MixedSpecs()) {
     payloads.push_back(RandomBytes(Bytes(s), seed++));
-    ASSERT_TRUE(writer.Add(s.name, s.dtype, s.shape, payloads.back().data()).ok());
+    ASSERT_OK(writer.Add(s.name, s.dtype, s.shape, payloads.back().data()));
   }
-  ASSERT_TRUE(writer.Write(good_path).ok());
+  ASSERT_OK(writer.Write(good_path));
   const std::string good = ReadBytes(good_path);
   // A new file per variant: rewriting one file in place makes ext4 flush it
   // at every close (its replace-via-truncate heuristic), which is slow.
@@ -502,11 +503,11 @@ TEST(SafetensorsTest, TruncatedAndCorruptedFilesNeverCrash) {
 void WriteTwoShards(const std::string& dir) {
   const float x[4] = {1, 2, 3, 4};
   SafetensorsWriter s1, s2;
-  ASSERT_TRUE(s1.Add("a", DType::kF32, {2}, x).ok());
-  ASSERT_TRUE(s1.Add("b", DType::kF32, {2}, x + 2).ok());
-  ASSERT_TRUE(s2.Add("c", DType::kF32, {4}, x).ok());
-  ASSERT_TRUE(s1.Write(dir + "/s1.safetensors").ok());
-  ASSERT_TRUE(s2.Write(dir + "/s2.safetensors").ok());
+  ASSERT_OK(s1.Add("a", DType::kF32, {2}, x));
+  ASSERT_OK(s1.Add("b", DType::kF32, {2}, x + 2));
+  ASSERT_OK(s2.Add("c", DType::kF32, {4}, x));
+  ASSERT_OK(s1.Write(dir + "/s1.safetensors"));
+  ASSERT_OK(s2.Write(dir + "/s2.safetensors"));
 }
 
 absl::Status OpenWithIndex(const std::string& index_text, std::string* dir_out) {
@@ -522,9 +523,9 @@ TEST(CheckpointTest, HandWrittenIndexOpens) {
   const absl::Status s = OpenWithIndex(
       R"({"metadata":{"total_size":32},"weight_map":{"a":"s1.safetensors","b":"s1.safetensors","c":"s2.safetensors"}})",
       &dir);
-  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_OK(s);
   auto ckpt = Checkpoint::Open(dir);
-  ASSERT_TRUE(ckpt.ok());
+  ASSERT_OK(ckpt);
   EXPECT_EQ((*ckpt)->names(), (std::vector<std::string>{"a", "b", "c"}));
   ASSERT_NE((*ckpt)->Find("c"), nullptr);
   EXPECT_THAT((*ckpt)->Find("c")->file, HasSubstr("s2.safetensors"));
@@ -590,9 +591,9 @@ TEST(CheckpointTest, ShardMappedElsewhereWhileAlsoInNamedShardIsAnError) {
   WriteTwoShards(dir);
   const float x[2] = {5, 6};
   SafetensorsWriter s2;
-  ASSERT_TRUE(s2.Add("b", DType::kF32, {2}, x).ok());
-  ASSERT_TRUE(s2.Add("c", DType::kF32, {2}, x).ok());
-  ASSERT_TRUE(s2.Write(dir + "/s2.safetensors").ok());
+  ASSERT_OK(s2.Add("b", DType::kF32, {2}, x));
+  ASSERT_OK(s2.Add("c", DType::kF32, {2}, x));
+  ASSERT_OK(s2.Write(dir + "/s2.safetensors"));
   WriteBytes(dir + "/model.safetensors.index.json",
              R"({"weight_map":{"a":"s1.safetensors","b":"s2.safetensors","c":"s2.safetensors"}})");
   const absl::Status s = Checkpoint::Open(dir).status();

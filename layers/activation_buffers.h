@@ -10,7 +10,7 @@
 
 namespace mlag {
 
-struct Activations {
+struct ActivationBuffers {
   Tensor residual;       // [T, D] the residual stream
   Tensor normed;         // [T, D] normed input of the next block
   Tensor attn_out;       // [T, D]
@@ -43,7 +43,7 @@ struct Activations {
   static size_t Bytes(const ModelConfig& config, int max_tokens, int max_seqs,
                       int max_ep_ranks = 1);
   // Carves every buffer out of `workspace` (which must hold Bytes(...)).
-  static absl::StatusOr<Activations> Allocate(const ModelConfig& config, int max_tokens,
+  static absl::StatusOr<ActivationBuffers> Allocate(const ModelConfig& config, int max_tokens,
                                               int max_seqs, int max_ep_ranks,
                                               Workspace& workspace);
 };

@@ -1,4 +1,4 @@
-#include "layers/activations.h"
+#include "layers/activation_buffers.h"
 
 #include <algorithm>
 
@@ -11,7 +11,7 @@ namespace {
 // and allocation cannot disagree.
 template <typename Alloc>
 absl::Status ForEachBuffer(const ModelConfig& c, int64_t T, int64_t B, int64_t N,
-                           Activations* a, Alloc&& alloc) {
+                           ActivationBuffers* a, Alloc&& alloc) {
   const int64_t D = c.hidden_size, H = c.num_attention_heads, R = c.kv_lora_rank;
   const int64_t W = std::max<int64_t>(c.intermediate_size,
                                       int64_t{c.n_shared_experts} * c.moe_intermediate_size);
@@ -47,10 +47,10 @@ absl::Status ForEachBuffer(const ModelConfig& c, int64_t T, int64_t B, int64_t N
 
 }  // namespace
 
-size_t Activations::Bytes(const ModelConfig& config, int max_tokens, int max_seqs,
+size_t ActivationBuffers::Bytes(const ModelConfig& config, int max_tokens, int max_seqs,
                          int max_ep_ranks) {
   size_t total = 0;
-  Activations unused;
+  ActivationBuffers unused;
   ForEachBuffer(config, max_tokens, max_seqs, max_ep_ranks, &unused,
                 [&](DType dtype, std::initializer_list<int64_t> shape, Tensor*) {
                   size_t bytes = Tensor(nullptr, dtype, shape).nbytes();
@@ -61,10 +61,10 @@ size_t Activations::Bytes(const ModelConfig& config, int max_tokens, int max_seq
   return total;
 }
 
-absl::StatusOr<Activations> Activations::Allocate(const ModelConfig& config, int max_tokens,
+absl::StatusOr<ActivationBuffers> ActivationBuffers::Allocate(const ModelConfig& config, int max_tokens,
                                                   int max_seqs, int max_ep_ranks,
                                                   Workspace& workspace) {
-  Activations a;
+  ActivationBuffers a;
   MLAG_RETURN_IF_ERROR(ForEachBuffer(
       config, max_tokens, max_seqs, max_ep_ranks, &a,
       [&](DType dtype, std::initializer_list<int64_t> shape, Tensor* out) -> absl::Status {
