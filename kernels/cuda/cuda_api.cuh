@@ -1,7 +1,7 @@
 // The CUDA runtime for the kernels and launchers in kernels/cuda/ or, with
 // MLAG_CUDA_EMULATION defined, its CPU emulation (emulation/
-// cuda_emulation.h), which lets the tests in tests/cuda_emu/ run these same
-// sources on a machine without a GPU. The two spellings the emulation cannot parse are macros:
+// cuda_emulation.h), which lets builds with -Demulate_cuda=true run these
+// same sources on a machine without a GPU. The two spellings the emulation cannot parse are macros:
 //   MLAG_LAUNCH(kernel, grid, block, smem, stream)(args...)
 //       kernel<<<grid, block, smem, stream>>>(args...); `kernel` must be a
 //       name or a function pointer without unparenthesised commas.
@@ -15,7 +15,7 @@
 #if defined(MLAG_CUDA_EMULATION)
 #include "kernels/cuda/emulation/cuda_emulation.h"
 #define MLAG_LAUNCH(kernel, grid, block, smem, stream) \
-  ::mlag::emu::Launcher(kernel, grid, block, smem, stream)
+  ::mlag::emu::Launcher(kernel, grid, block, smem, stream, #kernel)
 #define MLAG_DYNAMIC_SMEM(type, name) \
   type* name = reinterpret_cast<type*>(::mlag::emu::DynamicSmem())
 #else

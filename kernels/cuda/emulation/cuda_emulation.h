@@ -1,12 +1,13 @@
-// A CPU emulation of the slice of CUDA that the kernels in kernels/cuda/
-// use, so that their own sources (kernels and launchers) run on a machine
-// without a GPU and are checked against the host kernels. With
-// MLAG_CUDA_EMULATION defined, kernels/cuda/cuda_api.cuh includes this in
-// place of <cuda_runtime.h>; tests/cuda_emu/emu_*.cc compile the .cu files
-// that way as C++.
+// The device side of the CUDA emulation: the language and instructions the
+// kernels in kernels/cuda/ use, so that their own sources (kernels and
+// launchers) compile as C++ and run on CPU fibers. With MLAG_CUDA_EMULATION
+// defined, kernels/cuda/cuda_api.cuh includes this in place of
+// <cuda_runtime.h>; builds with -Demulate_cuda=true compile every .cu file
+// that way and link the emulated runtime (runtime.cc), which queues each
+// launch on its stream's worker thread.
 //
 // What is emulated, and how:
-//   * Threads are fibers (ucontext), one OS thread, one block at a time. A
+//   * Threads are fibers (fiber.h), one OS thread, one block at a time. A
 //     fiber runs until it reaches __syncthreads or a warp-collective
 //     operation, so every interleaving the emulation produces is one a GPU
 //     may produce; a barrier that not every live thread of the block (or
@@ -34,8 +35,15 @@
 //     cudaFuncSetAttribute, <= the device's 227 KB) and report a bad
 //     configuration through cudaGetLastError. The device is an H100-like
 //     compute capability 9.0 with 132 SMs.
+//   * Launches are asynchronous: the grid runs on the stream's worker, in
+//     stream order, when the work before it has run. Pointer arguments are
+//     checked when it runs: device memory of the stream's device (or a peer
+//     with access enabled) or pinned host memory, else the device faults
+//     with cudaErrorIllegalAddress, naming the kernel and the argument.
+//   * One grid runs at a time in the process (block state is global), so
+//     grids of different streams interleave only between grids.
 // Not emulated: timing, memory-model races between threads of a block
-// (fibers are sequential), anything outside this kernel's needs.
+// (fibers are sequential), anything outside these kernels' needs.
 #pragma once
 
 #ifndef MLAG_CUDA_EMULATION
@@ -44,7 +52,6 @@
 
 #include <math.h>
 #include <sys/mman.h>
-#include <ucontext.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -55,8 +62,12 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <vector>
+
+#include "kernels/cuda/emulation/emulated_runtime.h"
+#include "kernels/cuda/emulation/fiber.h"
 
 // ---- Language ----------------------------------------------------------------
 
@@ -72,33 +83,8 @@
 extern "C" char __start_mlag_emu_shared[] __attribute__((weak));
 extern "C" char __stop_mlag_emu_shared[] __attribute__((weak));
 
-// ---- Runtime API types ---------------------------------------------------------
+// ---- Built-in variables and vector types ----------------------------------------
 
-enum cudaError_t : int {
-  cudaSuccess = 0,
-  cudaErrorInvalidValue = 1,
-  cudaErrorInvalidConfiguration = 9,
-  cudaErrorNotSupported = 801,
-};
-// The same type as the real runtime's, so that launchers compiled here
-// mangle to the same names as the CUDA build's: a test binary then links the
-// emulated launchers in place of the real ones instead of alongside them.
-struct CUstream_st;
-using cudaStream_t = CUstream_st*;
-enum cudaDeviceAttr : int {
-  cudaDevAttrMaxSharedMemoryPerBlockOptin,
-  cudaDevAttrMultiProcessorCount,
-  cudaDevAttrComputeCapabilityMajor,
-};
-enum cudaFuncAttribute : int { cudaFuncAttributeMaxDynamicSharedMemorySize };
-inline const char* cudaGetErrorString(cudaError_t e) {
-  return e == cudaSuccess ? "no error" : "emulated launch error";
-}
-
-struct dim3 {
-  unsigned x = 1, y = 1, z = 1;
-  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
-};
 inline dim3 threadIdx{0, 0, 0}, blockIdx{0, 0, 0}, blockDim, gridDim;
 
 struct uint2 {
@@ -175,8 +161,8 @@ struct PendingCopy {
 };
 
 struct Fiber {
-  ucontext_t context;
-  std::unique_ptr<char[]> stack;  // uninitialised: pages are touched as used
+  FiberContext context;
+  char* stack = nullptr;  // from the stack pool
   unsigned tid = 0;
   bool done = false;
   std::vector<PendingCopy> open_group;                 // issued, not committed
@@ -187,7 +173,7 @@ struct Fiber {
 struct BlockState {
   std::vector<Fiber> fibers;
   std::deque<int> runnable;
-  ucontext_t scheduler;
+  FiberContext scheduler;
   int current = -1;
   int live = 0;
   // __syncthreads: fibers waiting for the rest of the block.
@@ -215,16 +201,27 @@ inline unsigned char* DynamicSmem() { return Block()->dynamic_smem; }
 inline void Park() {
   BlockState& b = *Block();
   Fiber& f = b.fibers[static_cast<size_t>(b.current)];
-  if (swapcontext(&f.context, &b.scheduler) != 0) Fail("swapcontext");
+  SwitchFiber(&f.context, &b.scheduler);
   threadIdx.x = f.tid;  // the scheduler switched to us: restore our identity
 }
 
-inline void FiberEntry() {
+[[noreturn]] inline void FiberEntry() {
   BlockState& b = *Block();
   b.body();
-  b.fibers[static_cast<size_t>(b.current)].done = true;
+  Fiber& f = b.fibers[static_cast<size_t>(b.current)];
+  f.done = true;
   --b.live;
-  // Returning switches to uc_link (the scheduler).
+  SwitchFiber(&f.context, &b.scheduler);  // for good: a finished fiber is never resumed
+  Fail("a finished fiber was resumed");
+}
+
+// Fiber stacks, kept from launch to launch (grids run one at a time, under
+// the kernel lock). Uninitialised: pages are touched as used.
+inline constexpr size_t kFiberStackBytes = 128 * 1024;
+inline char* FiberStack(size_t i) {
+  static std::vector<std::unique_ptr<char[]>> pool;
+  while (pool.size() <= i) pool.emplace_back(new char[kFiberStackBytes]);
+  return pool[i].get();
 }
 
 }  // namespace mlag::emu
@@ -292,22 +289,6 @@ void WarpCollective(const char* op, Deposit deposit, Compute compute) {
   Park();
 }
 
-// The last launch error, as cudaGetLastError reports (and clears) it.
-inline cudaError_t& LastError() {
-  static cudaError_t e = cudaSuccess;
-  return e;
-}
-
-// Dynamic shared memory limits raised with cudaFuncSetAttribute, per kernel.
-inline std::map<const void*, int>& SmemAttributes() {
-  static std::map<const void*, int> m;
-  return m;
-}
-
-inline constexpr int kSmemDefault = 48 * 1024;
-inline constexpr int kSmemOptin = 227 * 1024;
-inline constexpr int kSms = 132;
-
 // Runs every block of `grid` with `block` threads of `body` (which reads
 // threadIdx and blockIdx), one block after another, each with `smem_bytes`
 // of dynamic shared memory.
@@ -315,11 +296,10 @@ inline void Launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function
   const unsigned threads = block.x;
   if (block.y != 1 || block.z != 1) Fail("only 1-D thread blocks are emulated");
   if (threads == 0 || threads % 32 != 0) Fail("block size must be a multiple of 32");
-  constexpr size_t kStack = 128 * 1024;
   BlockState b;
   b.body = body;
   b.fibers.resize(threads);
-  for (Fiber& f : b.fibers) f.stack.reset(new char[kStack]);
+  for (size_t i = 0; i < threads; ++i) b.fibers[i].stack = FiberStack(i);
   b.warps.resize(threads / 32);
   Exchanges().assign(threads / 32, WarpExchange{});
   // Dynamic shared memory (rounded up to 16 bytes) ends where an
@@ -352,13 +332,9 @@ inline void Launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function
           Fiber& f = b.fibers[t];
           f.tid = t;
           f.done = false;
-          if (getcontext(&f.context) != 0) Fail("getcontext");
-          f.context.uc_stack.ss_sp = f.stack.get();
-          f.context.uc_stack.ss_size = kStack;
-          f.context.uc_link = &b.scheduler;
+          PrepareFiber(&f.context, f.stack, kFiberStackBytes, FiberEntry);
           f.open_group.clear();
           f.committed.clear();
-          makecontext(&f.context, FiberEntry, 0);
           b.runnable.push_back(static_cast<int>(t));
         }
         while (!b.runnable.empty()) {
@@ -366,9 +342,7 @@ inline void Launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function
           b.runnable.pop_front();
           b.current = next;
           threadIdx = dim3(b.fibers[static_cast<size_t>(next)].tid, 0, 0);
-          if (swapcontext(&b.scheduler, &b.fibers[static_cast<size_t>(next)].context) != 0) {
-            Fail("swapcontext");
-          }
+          SwitchFiber(&b.scheduler, &b.fibers[static_cast<size_t>(next)].context);
           // A fiber that finished while the others wait at a barrier they
           // can now pass (finished threads no longer count): release them.
           if (b.fibers[static_cast<size_t>(next)].done && !b.block_waiters.empty() &&
@@ -385,22 +359,49 @@ inline void Launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function
   Block() = nullptr;
 }
 
+// Appends the pointer arguments of a launch to `out` (others are skipped).
+template <typename T>
+void CollectPointer(std::vector<const void*>* out, const T& arg) {
+  if constexpr (std::is_pointer<T>::value) out->push_back(static_cast<const void*>(arg));
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...): checks the configuration
-// as the driver does, then runs the grid at once (the emulated stream is
-// synchronous).
+// as the driver does (a bad one is reported through cudaGetLastError and
+// nothing runs), then queues the grid on `stream` with copies of the
+// arguments. `name` names the kernel in messages.
 template <typename Kernel>
-auto Launcher(Kernel* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t) {
-  return [kernel, grid, block, smem](auto&&... args) {
-    auto it = SmemAttributes().find(reinterpret_cast<const void*>(kernel));
-    const int limit = it != SmemAttributes().end() ? it->second : kSmemDefault;
+auto Launcher(Kernel* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+              const char* name) {
+  return [kernel, grid, block, smem, stream, name](auto... args) {
+    const int limit = MaxDynamicSmem(reinterpret_cast<const void*>(kernel));
     if (block.x == 0 || block.x > 1024 || block.y != 1 || block.z != 1 || grid.x == 0 ||
-        grid.x > 0x7fffffffu ||
-        grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 ||
-        smem > static_cast<size_t>(limit)) {
-      LastError() = cudaErrorInvalidConfiguration;
+        grid.x > 0x7fffffffu || grid.y == 0 || grid.z == 0 || grid.y > 65535 ||
+        grid.z > 65535 || smem > static_cast<size_t>(limit)) {
+      SetLastError(cudaErrorInvalidConfiguration);
       return;
     }
-    Launch(grid, block, smem, [&] { kernel(args...); });
+    std::vector<const void*> pointers;
+    (CollectPointer(&pointers, args), ...);
+    const int device = StreamDevice(stream);
+    WorkItem work;
+    work.kind = WorkKind::kKernel;
+    work.what = std::string("kernel ") + name;
+    work.function = reinterpret_cast<const void*>(kernel);
+    work.run = [=]() -> cudaError_t {
+      for (size_t i = 0; i < pointers.size(); ++i) {
+        if (pointers[i] == nullptr) continue;
+        const std::string bad = CheckDeviceAccess(pointers[i], 0, device);
+        if (!bad.empty()) {
+          std::fprintf(stderr, "cuda emulation: kernel %s: pointer argument %zu: %s\n", name, i,
+                       bad.c_str());
+          return cudaErrorIllegalAddress;
+        }
+      }
+      RunGridExclusive([&] { Launch(grid, block, smem, [&] { kernel(args...); }); });
+      return cudaSuccess;
+    };
+    const cudaError_t queued = Enqueue(stream, std::move(work));
+    if (queued != cudaSuccess) SetLastError(queued);
   };
 }
 
@@ -700,56 +701,5 @@ class BlockReduce {
 };
 
 }  // namespace cub
-
-// ---- Runtime API -------------------------------------------------------------------
-
-inline cudaError_t cudaGetLastError() {
-  const cudaError_t e = mlag::emu::LastError();
-  mlag::emu::LastError() = cudaSuccess;
-  return e;
-}
-inline cudaError_t cudaGetDevice(int* device) {
-  *device = 0;
-  return cudaSuccess;
-}
-inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
-  if (device != 0) return cudaErrorInvalidValue;
-  switch (attr) {
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
-      *value = mlag::emu::kSmemOptin;
-      return cudaSuccess;
-    case cudaDevAttrMultiProcessorCount:
-      *value = mlag::emu::kSms;
-      return cudaSuccess;
-    case cudaDevAttrComputeCapabilityMajor:
-      *value = 9;
-      return cudaSuccess;
-  }
-  return cudaErrorInvalidValue;
-}
-template <typename Kernel>
-cudaError_t cudaFuncSetAttribute(Kernel* kernel, cudaFuncAttribute attr, int value) {
-  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
-      value > mlag::emu::kSmemOptin) {
-    return cudaErrorInvalidValue;
-  }
-  mlag::emu::SmemAttributes()[reinterpret_cast<const void*>(kernel)] = value;
-  return cudaSuccess;
-}
-struct cudaFuncAttributes {
-  int binaryVersion = 0;
-  int ptxVersion = 0;
-};
-// Every emulated kernel counts as built for the emulated device (9.0).
-template <typename Kernel>
-cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, Kernel*) {
-  attr->binaryVersion = 90;
-  attr->ptxVersion = 90;
-  return cudaSuccess;
-}
-inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) {
-  std::memset(p, value, bytes);
-  return cudaSuccess;
-}
 
 [[noreturn]] inline void __trap() { mlag::emu::Fail("__trap"); }
