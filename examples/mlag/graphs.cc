@@ -1,6 +1,7 @@
 // mlag graphs: capture every graph size of an engine and list each graph's
-// nodes with their kinds, as the graph itself records them (on CUDA, read
-// from the captured cudaGraph_t); --dot writes Graphviz.
+// ops with their kinds, as the graph itself records them: on CUDA read from
+// the captured cudaGraph_t, with the number of its nodes each op became;
+// --dot writes Graphviz.
 //
 //   mlag graphs --model M [--size N] [--dot FILE] [engine flags]
 #include <cstdio>
@@ -44,9 +45,13 @@ int Graphs(const GraphsFlags& f) {
     const int size = *it;
     if (f.size > 0 && size != f.size) continue;
     const Graph* g = runner.graph(size);
-    std::printf("size %d: %zu nodes\n", size, g->nodes().size());
+    const char* unit = (*engine)->device().is_cuda() ? "CUDA graph node" : "host closure";
+    int device_nodes = 0;
+    for (const GraphNode& n : g->nodes()) device_nodes += n.device_nodes;
+    std::printf("size %d: %zu ops, %d %ss\n", size, g->nodes().size(), device_nodes, unit);
     for (const GraphNode& n : g->nodes()) {
-      std::printf("  %s %s\n", n.name.c_str(), std::string(OpKindName(n.kind)).c_str());
+      std::printf("  %s %s (%d %s%s)\n", n.name.c_str(), std::string(OpKindName(n.kind)).c_str(),
+                  n.device_nodes, unit, n.device_nodes == 1 ? "" : "s");
     }
     if (dot.is_open()) {
       dot << "  subgraph cluster_" << size << " {\n    label=\"size " << size << "\";\n";

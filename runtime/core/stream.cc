@@ -2,7 +2,9 @@
 
 #include <utility>
 
-#include "absl/container/flat_hash_set.h"
+#include <deque>
+
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "mlag_config.h"
 #include "runtime/core/cuda_status.h"
@@ -31,7 +33,9 @@ namespace {
 class HostGraph final : public Graph {
  public:
   HostGraph(std::vector<GraphNode> nodes, std::vector<std::vector<HostOp>> ops)
-      : nodes_(std::move(nodes)), ops_(std::move(ops)) {}
+      : nodes_(std::move(nodes)), ops_(std::move(ops)) {
+    for (size_t i = 0; i < nodes_.size(); ++i) nodes_[i].device_nodes = static_cast<int>(ops_[i].size());
+  }
 
   const std::vector<GraphNode>& nodes() const override { return nodes_; }
 
@@ -87,13 +91,123 @@ class CudaGraph final : public Graph {
 
 }  // namespace
 
+// The op a CUDA graph node was added by.
+struct CudaNodeTag {
+  std::string name;
+  OpKind kind;
+  uint64_t scope_id;  // 0 = unscoped: every launch is its own op
+  uint64_t launch;    // the launch that added it
+};
+
 struct Stream::CaptureState {
-  std::vector<GraphNode> nodes;
-  std::vector<uint64_t> node_scope;          // scope id per node (0 = unscoped)
+  std::vector<GraphNode> nodes;              // host only
+  std::vector<uint64_t> node_scope;          // host only: scope id per node (0 = unscoped)
   std::vector<std::vector<HostOp>> host_ops;  // host only
-  absl::flat_hash_set<void*> seen_cuda_nodes;  // CUDA only
+  // CUDA only: every node of the capture's graph, tagged with its op.
+  absl::flat_hash_map<void*, CudaNodeTag> cuda_tags;
   absl::Status first_error;
 };
+
+#if MLAG_HAVE_CUDA
+namespace {
+
+// The graph a stream is capturing into. cudaStreamGetCaptureInfo gained an
+// edge-data output in CUDA 12.3 and took that form as its plain name in 13.
+absl::StatusOr<cudaGraph_t> CapturingGraph(cudaStream_t stream) {
+  cudaStreamCaptureStatus status;
+  cudaGraph_t graph = nullptr;
+#if CUDART_VERSION >= 13000
+  MLAG_CUDA_RETURN_IF_ERROR(
+      cudaStreamGetCaptureInfo(stream, &status, nullptr, &graph, nullptr, nullptr, nullptr));
+#else
+  MLAG_CUDA_RETURN_IF_ERROR(
+      cudaStreamGetCaptureInfo(stream, &status, nullptr, &graph, nullptr, nullptr));
+#endif
+  if (status != cudaStreamCaptureStatusActive || graph == nullptr) {
+    return absl::FailedPreconditionError("the stream's capture was invalidated");
+  }
+  return graph;
+}
+
+absl::StatusOr<std::vector<cudaGraphNode_t>> GraphNodes(cudaGraph_t graph) {
+  size_t count = 0;
+  MLAG_CUDA_RETURN_IF_ERROR(cudaGraphGetNodes(graph, nullptr, &count));
+  std::vector<cudaGraphNode_t> nodes(count);
+  MLAG_CUDA_RETURN_IF_ERROR(cudaGraphGetNodes(graph, nodes.data(), &count));
+  nodes.resize(count);
+  return nodes;
+}
+
+// The graph's ops in dependency order: its nodes sorted topologically (ties
+// in the order the ops launched), consecutive nodes of one op merged.
+absl::StatusOr<std::vector<GraphNode>> ReadGraphOps(
+    cudaGraph_t graph, const absl::flat_hash_map<void*, CudaNodeTag>& tags) {
+  MLAG_ASSIGN_OR_RETURN(std::vector<cudaGraphNode_t> nodes, GraphNodes(graph));
+  size_t edge_count = 0;
+#if CUDART_VERSION >= 13000
+  MLAG_CUDA_RETURN_IF_ERROR(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edge_count));
+#else
+  MLAG_CUDA_RETURN_IF_ERROR(cudaGraphGetEdges(graph, nullptr, nullptr, &edge_count));
+#endif
+  std::vector<cudaGraphNode_t> from(edge_count), to(edge_count);
+#if CUDART_VERSION >= 13000
+  MLAG_CUDA_RETURN_IF_ERROR(
+      cudaGraphGetEdges(graph, from.data(), to.data(), nullptr, &edge_count));
+#else
+  MLAG_CUDA_RETURN_IF_ERROR(cudaGraphGetEdges(graph, from.data(), to.data(), &edge_count));
+#endif
+  auto launch_of = [&](cudaGraphNode_t n) {
+    auto it = tags.find(n);
+    return it == tags.end() ? ~uint64_t{0} : it->second.launch;
+  };
+  absl::flat_hash_map<cudaGraphNode_t, int> indegree;
+  absl::flat_hash_map<cudaGraphNode_t, std::vector<cudaGraphNode_t>> next;
+  for (cudaGraphNode_t n : nodes) indegree[n] = 0;
+  for (size_t i = 0; i < edge_count; ++i) {
+    ++indegree[to[i]];
+    next[from[i]].push_back(to[i]);
+  }
+  std::vector<cudaGraphNode_t> ready;
+  for (cudaGraphNode_t n : nodes) {
+    if (indegree[n] == 0) ready.push_back(n);
+  }
+  std::vector<GraphNode> ops;
+  uint64_t last_scope = 0;
+  std::string last_name;
+  while (!ready.empty()) {
+    // The earliest-launched ready node next.
+    auto pick = std::min_element(ready.begin(), ready.end(), [&](cudaGraphNode_t a, cudaGraphNode_t b) {
+      return launch_of(a) < launch_of(b);
+    });
+    cudaGraphNode_t n = *pick;
+    ready.erase(pick);
+    for (cudaGraphNode_t m : next[n]) {
+      if (--indegree[m] == 0) ready.push_back(m);
+    }
+    auto it = tags.find(n);
+    if (it == tags.end()) {
+      // Added by a call outside LaunchCuda: shown for what it is.
+      cudaGraphNodeType type;
+      MLAG_CUDA_RETURN_IF_ERROR(cudaGraphNodeGetType(n, &type));
+      ops.push_back({"(untagged)", type == cudaGraphNodeTypeKernel ? OpKind::kKernel : OpKind::kCopy, 1});
+      last_scope = 0;
+      last_name.clear();
+      continue;
+    }
+    const CudaNodeTag& tag = it->second;
+    if (!ops.empty() && tag.scope_id != 0 && tag.scope_id == last_scope && tag.name == last_name) {
+      ++ops.back().device_nodes;
+      continue;
+    }
+    ops.push_back({tag.name, tag.kind, 1});
+    last_scope = tag.scope_id;
+    last_name = tag.name;
+  }
+  return ops;
+}
+
+}  // namespace
+#endif
 
 Stream::Stream(Device* device) : device_(device) {}
 
@@ -183,22 +297,17 @@ absl::Status Stream::LaunchCuda(absl::string_view default_name, OpKind kind,
     if (c.first_error.ok()) c.first_error = launched;
     return launched;
   }
-  // Tag the nodes this op added: read the graph under capture and take the
-  // nodes not seen before.
-  cudaStreamCaptureStatus status;
-  cudaGraph_t graph = nullptr;
-  MLAG_CUDA_RETURN_IF_ERROR(cudaStreamGetCaptureInfo(static_cast<cudaStream_t>(native_), &status,
-                                                     nullptr, &graph, nullptr, nullptr, nullptr));
-  size_t count = 0;
-  MLAG_CUDA_RETURN_IF_ERROR(cudaGraphGetNodes(graph, nullptr, &count));
-  std::vector<cudaGraphNode_t> all(count);
-  MLAG_CUDA_RETURN_IF_ERROR(cudaGraphGetNodes(graph, all.data(), &count));
-  bool added = false;
-  for (cudaGraphNode_t n : all) added |= c.seen_cuda_nodes.insert(n).second;
-  if (!added) return absl::OkStatus();  // e.g. an op with nothing to do at this size
-  if (!(scope_id != 0 && !c.node_scope.empty() && c.node_scope.back() == scope_id)) {
-    c.nodes.push_back({std::move(name), resolved});
-    c.node_scope.push_back(scope_id);
+  // Tag the nodes this op added (those of the graph under capture not seen
+  // before); an op with nothing to do at this size adds none.
+  absl::StatusOr<cudaGraph_t> graph = CapturingGraph(static_cast<cudaStream_t>(native_));
+  absl::StatusOr<std::vector<cudaGraphNode_t>> all =
+      graph.ok() ? GraphNodes(*graph) : absl::StatusOr<std::vector<cudaGraphNode_t>>(graph.status());
+  if (!all.ok()) {
+    if (c.first_error.ok()) c.first_error = all.status();
+    return all.status();
+  }
+  for (cudaGraphNode_t n : *all) {
+    c.cuda_tags.try_emplace(n, CudaNodeTag{name, resolved, scope_id, launches_});
   }
   return absl::OkStatus();
 #else
@@ -243,13 +352,18 @@ absl::StatusOr<std::unique_ptr<Graph>> Stream::EndCapture() {
     cudaGraphDestroy(graph);
     return c->first_error;
   }
+  absl::StatusOr<std::vector<GraphNode>> ops = ReadGraphOps(graph, c->cuda_tags);
+  if (!ops.ok()) {
+    cudaGraphDestroy(graph);
+    return ops.status();
+  }
   cudaGraphExec_t exec = nullptr;
   cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
   if (err != cudaSuccess) {
     cudaGraphDestroy(graph);
     return CudaStatus(err, "cudaGraphInstantiate", MLAG_WHERE_);
   }
-  return std::unique_ptr<Graph>(new CudaGraph(graph, exec, std::move(c->nodes)));
+  return std::unique_ptr<Graph>(new CudaGraph(graph, exec, std::move(*ops)));
 #else
   return absl::FailedPreconditionError("CUDA capture in a build without CUDA");
 #endif

@@ -6,7 +6,8 @@
 // to the tensor addresses it was launched with, and Graph::Replay runs the
 // recorded closures in order. On CUDA the op enqueues its kernels on the stream;
 // during a capture (thread-local mode) they land in a cudaGraph_t, and the nodes
-// each op added are tagged with its name.
+// each op added are tagged with its name; the graph's node list is then read
+// back from the cudaGraph_t.
 //
 // Discipline (the same on both backends): a graph reads its inputs only through
 // the buffers it was captured with. To feed new data, write into those buffers
@@ -43,9 +44,13 @@ enum class OpKind : uint8_t { kKernel, kGemm, kComm, kCopy };
 // "kernel", "gemm", "comm", "copy".
 absl::string_view OpKindName(OpKind kind);
 
+// One named op of a graph. On CUDA an op may have become several nodes of
+// the cudaGraph_t (a kernel per launch, a memset, a copy): device_nodes
+// counts them; on the host it counts the op's recorded closures.
 struct GraphNode {
   std::string name;
   OpKind kind;
+  int device_nodes = 1;
 };
 
 class Stream;
@@ -55,7 +60,9 @@ class Stream;
 class Graph {
  public:
   virtual ~Graph() = default;
-  // The named ops of the capture, in launch order.
+  // The named ops of the graph, in the order they run. On CUDA this is read
+  // from the captured cudaGraph_t (its nodes in dependency order, each
+  // mapped to the op that added it), so it shows what the GPU will replay.
   virtual const std::vector<GraphNode>& nodes() const = 0;
   // Runs the graph once on `stream` (asynchronously on CUDA).
   virtual absl::Status Replay(Stream& stream) = 0;

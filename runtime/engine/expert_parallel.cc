@@ -173,7 +173,8 @@ absl::StatusOr<std::unique_ptr<EpRank>> EpRank::Create(Communicator* world,
   rank->ep_ = ep;
   MLAG_ASSIGN_OR_RETURN(rank->host_device_, Device::Create("host"));
   MLAG_ASSIGN_OR_RETURN(rank->host_stream_, Stream::Create(rank->host_device_.get()));
-  MLAG_ASSIGN_OR_RETURN(rank->group_, world->Split(0, world->rank()));
+  MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> group, world->Split(0, world->rank()));
+  MLAG_RETURN_IF_ERROR(rank->group_.Replace(std::move(group)));
   rank->active_ = world->size();
   // From here a failure on this rank (a model that does not load, an
   // allocation) would leave the peers waiting in the engine's first
@@ -202,6 +203,7 @@ absl::Status EpRank::BuildEngine(const EngineOptions& options) {
   o.ep_group = group_.get();
   o.max_ep_ranks = ep_.world;
   MLAG_ASSIGN_OR_RETURN(engine_, Engine::Create(o));
+  group_.Bind(engine_.get());
   return absl::OkStatus();
 }
 
@@ -283,12 +285,12 @@ absl::StatusOr<ReconfigurationReport> EpRank::Reconfigure(int step, int new_size
   // From here on the rank's state is the new configuration's, whatever
   // happens: a failure leaves the rank outside any group (no dangling group
   // pointer) and is reported; the run cannot continue on it.
-  group_ = std::move(pending_group_);
   active_ = new_size;
-  absl::Status recaptured = engine_->SetExpertGroup(in_new ? group_.get() : nullptr);
+  // The old group's graphs go before the old group (ExpertGroup::Replace).
+  absl::Status recaptured = group_.Replace(std::move(pending_group_));
   if (recaptured.ok() && in_new) recaptured = runner.CaptureGraphs();
   if (!recaptured.ok()) {
-    engine_->SetExpertGroup(nullptr).IgnoreError();
+    group_.Replace(nullptr).IgnoreError();
     return recaptured;
   }
   phase("recapture", t0);
@@ -336,7 +338,7 @@ void EpRank::AbortGroups(const absl::Status& reason) {
                          absl::StrCat("rank ", world_->rank(), ": ", reason.message()));
   // The MPI world ends the process: abort the others first.
   if (pending_group_ != nullptr) pending_group_->Abort(why);
-  if (group_ != nullptr) group_->Abort(why);
+  group_.Abort(why);
   if (control_ != nullptr && control_ != world_) control_->Abort(why);
   world_->Abort(why);
 }

@@ -30,6 +30,7 @@
 #include "comm/communicator.h"
 #include "comm/expert_placement.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/expert_group.h"
 
 namespace mlag {
 
@@ -110,14 +111,16 @@ class EpRank {
 
   Communicator* world_ = nullptr;
   Communicator* control_ = nullptr;
-  std::unique_ptr<Communicator> group_;  // null while this rank is outside the group
-  std::unique_ptr<Communicator> pending_group_;  // the next group, during a reconfiguration
   EpOptions ep_;
   int active_ = 0;
   ExpertPlacement placement_;
-  std::unique_ptr<Engine> engine_;
   std::unique_ptr<Device> host_device_;
   std::unique_ptr<Stream> host_stream_;  // control-plane collectives
+  // Declared in this order so that the group is released before the engine
+  // whose graphs it drops first.
+  std::unique_ptr<Engine> engine_;
+  ExpertGroup group_;                            // empty while this rank is outside the group
+  std::unique_ptr<Communicator> pending_group_;  // the next group, during a reconfiguration
 };
 
 // Runs `ep.world` thread ranks of the local backend in this process.

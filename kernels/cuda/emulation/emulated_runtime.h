@@ -47,7 +47,7 @@ std::string CheckDeviceAccess(const void* p, size_t bytes, int device);
 // ---- Work on streams ----------------------------------------------------------------
 
 // The kind of graph node work becomes when it is captured.
-enum class WorkKind { kKernel, kMemcpy, kMemset, kCollective };
+enum class WorkKind { kKernel, kMemcpy, kMemset, kCollective, kHost };
 
 struct WorkItem {
   WorkKind kind = WorkKind::kKernel;
@@ -97,7 +97,14 @@ void RunGridExclusive(const std::function<void()>& grid);
 // ---- NCCL ---------------------------------------------------------------------------
 
 // A graph (or executable graph) that captured collectives of communicator
-// `comm` takes (+1) or drops (-1) a reference to it.
+// `comm` takes (+1) or drops (-1) a reference to it. While such objects
+// exist the communicator cannot be destroyed or aborted (NCCL 2.26 and later
+// wait for them).
 void CommGraphRef(void* comm, int delta);
+// A graph launch queued or running holds the communicators of its
+// collectives until it has run (NCCL's references live as long as the
+// launch): destroy and abort wait for these, abort after telling the
+// collectives to give up.
+void CommLaunchRef(void* comm, int delta);
 
 }  // namespace mlag::emu

@@ -15,7 +15,7 @@
 //   - ranks issuing their collectives in different orders, or with
 //     different sizes, types, operations or roots;
 //   - a send matched with a receive of another size;
-//   - work running on a communicator that was already destroyed.
+//   - work running on a communicator after it was destroyed.
 // Two ranks of one communicator on one device are refused with
 // ncclInvalidUsage, as NCCL refuses them.
 #include <fcntl.h>
@@ -191,6 +191,8 @@ struct ncclComm {
   std::mutex mu;             // guards the fields below and `inflight`
   std::condition_variable cv;
   int inflight = 0;          // operations running on a worker now
+  int pending = 0;           // operations queued on streams (not in graphs), not yet run
+  int launch_refs = 0;       // graph launches queued or running that use it
   bool destroyed = false;
   std::atomic<bool> aborted{false};
   std::atomic<int> graph_refs{0};
@@ -448,9 +450,8 @@ class Running {
     ok_ = !c->aborted.load();
     if (!ok_) return;
     if (c->destroyed) {
-      FatalRule("NCCL rule violated: " + what +
-                " ran on a communicator that was already destroyed (work was queued on it "
-                "before ncclCommDestroy, or a graph that captured it was replayed after)");
+      FatalRule("NCCL rule violated: " + what + " ran on communicator " + c->name +
+                " after ncclCommDestroy");
     }
     ++c->inflight;
   }
@@ -713,28 +714,47 @@ struct Pending {
 thread_local int t_group_depth = 0;
 thread_local std::vector<Pending> t_group;
 
-// Enqueues the operations `ops` (one communicator, one stream) as one work item.
+// Enqueues the operations `ops` (one communicator, one stream) as one work
+// item, or records it into the stream's capture. Queued work counts as
+// pending on the communicator until it has run (destroy waits for it).
 ncclResult_t Submit(std::vector<Pending> ops) {
   ncclComm* c = ops.front().comm;
   cudaStream_t stream = ops.front().stream;
   std::string what = ops.front().what;
   if (ops.size() > 1) what = "group of " + std::to_string(ops.size()) + " NCCL operations";
+  const bool captured = StreamCapturing(stream);
   WorkItem w;
   w.kind = WorkKind::kCollective;
   w.what = what;
   w.communicator = c;
-  w.run = [c, ops = std::move(ops), what]() -> cudaError_t {
-    Running running(c, what);
-    if (!running.ok()) return cudaSuccess;  // aborted: the operation is dropped
-    for (const Pending& p : ops) {
-      if (!p.run()) {
-        c->async_error.store(ncclInvalidUsage);
-        return cudaSuccess;
+  w.run = [c, ops = std::move(ops), what, captured]() -> cudaError_t {
+    {
+      Running running(c, what);
+      if (running.ok()) {  // aborted: the operation is dropped
+        for (const Pending& p : ops) {
+          if (!p.run()) {
+            c->async_error.store(ncclInvalidUsage);
+            break;
+          }
+        }
       }
+    }
+    if (!captured) {
+      std::lock_guard<std::mutex> lock(c->mu);
+      --c->pending;
+      c->cv.notify_all();
     }
     return cudaSuccess;
   };
+  if (!captured) {
+    std::lock_guard<std::mutex> lock(c->mu);
+    ++c->pending;
+  }
   const cudaError_t e = Enqueue(stream, std::move(w));
+  if (e != cudaSuccess && !captured) {
+    std::lock_guard<std::mutex> lock(c->mu);
+    --c->pending;
+  }
   if (e != cudaSuccess) {
     return Fail(ncclUnhandledCudaError,
                 std::string("enqueueing ") + what + ": " + cudaGetErrorName(e) + ": " +
@@ -774,6 +794,13 @@ bool ValidOp(ncclRedOp_t op) { return op >= ncclSum && op <= ncclMin; }
 
 void CommGraphRef(void* comm, int delta) {
   static_cast<ncclComm*>(comm)->graph_refs.fetch_add(delta);
+}
+
+void CommLaunchRef(void* comm, int delta) {
+  auto* c = static_cast<ncclComm*>(comm);
+  std::lock_guard<std::mutex> lock(c->mu);
+  c->launch_refs += delta;
+  c->cv.notify_all();
 }
 
 }  // namespace mlag::emu
@@ -918,8 +945,12 @@ ncclResult_t Release(ncclComm_t comm, bool abort, const char* call) {
   std::unique_lock<std::mutex> lock(comm->mu);
   if (comm->destroyed) return Fail(ncclInvalidUsage, std::string(call) + ": destroyed twice");
   if (abort) comm->aborted.store(true);
-  // Operations running now finish (or, aborted, give up within a slice).
-  comm->cv.wait(lock, [&] { return comm->inflight == 0; });
+  // Destroy flushes: operations queued, running or in graph launches run to
+  // completion (a peer that never joins them holds this call, as it holds
+  // NCCL's). Aborted, they give up within a slice.
+  comm->cv.wait(lock, [&] {
+    return comm->inflight == 0 && comm->pending == 0 && comm->launch_refs == 0;
+  });
   comm->destroyed = true;
   munmap(comm->segment, comm->segment_bytes);
   comm->segment = nullptr;

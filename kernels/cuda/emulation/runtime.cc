@@ -374,6 +374,7 @@ cudaGraphNodeType NodeType(WorkKind kind) {
     case WorkKind::kMemcpy: return cudaGraphNodeTypeMemcpy;
     case WorkKind::kMemset: return cudaGraphNodeTypeMemset;
     case WorkKind::kCollective: return cudaGraphNodeTypeKernel;  // NCCL's are kernels
+    case WorkKind::kHost: return cudaGraphNodeTypeHost;
   }
   return cudaGraphNodeTypeEmpty;
 }
@@ -1194,6 +1195,23 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   return cudaSuccess;
 }
 
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
+  if (fn == nullptr) return Err(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(R().mu);
+  const cudaError_t ctx = CheckContext();
+  if (ctx != cudaSuccess) return Err(ctx);
+  std::shared_ptr<CUstream_st> s = ResolveLocked(stream);
+  if (!s) return Err(cudaErrorInvalidResourceHandle);
+  WorkItem w;
+  w.kind = WorkKind::kHost;
+  w.what = "host function";
+  w.run = [fn, user_data] {
+    fn(user_data);
+    return cudaSuccess;
+  };
+  return Err(SubmitLocked(s, std::move(w)));
+}
+
 // ---- Kernels --------------------------------------------------------------------------
 
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
@@ -1423,21 +1441,30 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   if (s->device != exec->device) return Err(cudaErrorInvalidResourceHandle);
   // One work item running every node in order, with the node bodies as
   // they are now (a later update does not change a launch already queued).
+  // The launch holds the communicators it uses until it has run.
   std::vector<WorkItem> items = exec->items;
+  std::vector<void*> comms = exec->communicators;
+  for (void* c : comms) CommLaunchRef(c, +1);
   WorkItem w;
   w.kind = WorkKind::kKernel;
   w.what = "graph launch of " + std::to_string(items.size()) + " nodes";
-  w.run = [items = std::move(items)] {
+  w.run = [items = std::move(items), comms] {
+    cudaError_t result = cudaSuccess;
     for (const WorkItem& item : items) {
-      const cudaError_t e = item.run();
-      if (e != cudaSuccess) {
+      result = item.run();
+      if (result != cudaSuccess) {
         std::fprintf(stderr, "cuda emulation: graph node %s failed\n", item.what.c_str());
-        return e;
+        break;
       }
     }
-    return cudaSuccess;
+    for (void* c : comms) CommLaunchRef(c, -1);
+    return result;
   };
-  return Err(SubmitLocked(s, std::move(w)));
+  const cudaError_t e = SubmitLocked(s, std::move(w));
+  if (e != cudaSuccess) {
+    for (void* c : exec->communicators) CommLaunchRef(c, -1);
+  }
+  return Err(e);
 }
 
 cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t graph,
