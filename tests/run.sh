@@ -1,28 +1,44 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs every test: the main build (CUDA compiled when
-# nvcc is present; gpu tests skip without a device), then the host code once
-# more under AddressSanitizer + UndefinedBehaviorSanitizer.
+# Sets up, builds and runs every test, in three builds:
+#   build       the main build (CUDA compiled when nvcc is present; the gpu
+#               suite skips without a device), every suite;
+#   build-emu   the CUDA backend against its CPU emulation
+#               (-Demulate_cuda=true): the gpu and emulation suites, so the
+#               CUDA runtime, cuBLASLt and NCCL paths run without a GPU;
+#   build-asan  the host code again under AddressSanitizer +
+#               UndefinedBehaviorSanitizer.
 #
-#   bash tests/run.sh                 # both builds
-#   MLAG_SKIP_SANITIZE=1 bash tests/run.sh   # main build only
+#   bash tests/run.sh                        # all three
+#   MLAG_SKIP_EMULATION=1 bash tests/run.sh  # without build-emu
+#   MLAG_SKIP_SANITIZE=1 bash tests/run.sh   # without build-asan
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash .ci/install-deps
 source .ci/env.sh
 
-summary_file=$(mktemp)
-trap 'rm -f "$summary_file"' EXIT
+summary=$(mktemp)
+trap 'rm -f "$summary"' EXIT
 
+# Runs the tests of build dir $1 (more meson test arguments after it) and
+# appends "<dir> passed failed skipped seconds" from meson's testlog.json.
 run_suite() {
-  local dir="$1"
-  local log
-  log=$(mktemp)
-  set +e
-  meson test -C "$dir" --print-errorlogs --num-processes 2 2>&1 | tee "$log"
-  local rc=${PIPESTATUS[0]}
-  set -e
-  awk '/^Ok:/{ok=$2} /^Fail:/{f=$2} /^Skipped:/{s=$2} /^Timeout:/{t=$2} END{print ok+0, f+t, s+0}' "$log" >> "$summary_file"
-  rm -f "$log"
+  local dir="$1"; shift
+  local start=$SECONDS rc=0
+  meson test -C "$dir" --print-errorlogs --num-processes 2 "$@" || rc=$?
+  python3 - "$dir" "$((SECONDS - start))" >>"$summary" <<'PY'
+import json, sys
+counts = {"passed": 0, "failed": 0, "skipped": 0}
+with open(sys.argv[1] + "/meson-logs/testlog.json") as log:
+    for line in log:
+        result = json.loads(line)["result"]
+        if result in ("OK", "EXPECTEDFAIL"):
+            counts["passed"] += 1
+        elif result == "SKIP":
+            counts["skipped"] += 1
+        else:
+            counts["failed"] += 1
+print(sys.argv[1], counts["passed"], counts["failed"], counts["skipped"], sys.argv[2])
+PY
   return $rc
 }
 
@@ -34,6 +50,13 @@ run_suite build || status=1
 if [ "$MLAG_CUDA_OPTION" = enabled ]; then
   echo "== CUDA register / spill report (sm_90) =="
   bash kernels/cuda/spill_report.sh 90 || status=1
+fi
+
+if [ "${MLAG_SKIP_EMULATION:-0}" != 1 ]; then
+  echo "== CUDA backend on the CPU emulation (-Demulate_cuda=true): gpu and emulation suites =="
+  mlag_setup build-emu -Demulate_cuda=true
+  meson compile -C build-emu
+  run_suite build-emu --suite gpu --suite emulation || status=1
 fi
 
 if [ "${MLAG_SKIP_SANITIZE:-0}" != 1 ]; then
@@ -48,5 +71,7 @@ if [ "${MLAG_SKIP_SANITIZE:-0}" != 1 ]; then
   run_suite build-asan || status=1
 fi
 
-awk '{p+=$1; f+=$2; s+=$3} END{printf "tests: %d passed, %d failed, %d skipped\n", p, f, s}' "$summary_file"
+awk '{printf "%-11s %3d passed, %d failed, %2d skipped in %4d s\n", $1, $2, $3, $4, $5;
+      p+=$2; f+=$3; s+=$4}
+     END{printf "tests: %d passed, %d failed, %d skipped\n", p, f, s}' "$summary"
 exit $status

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The command line on a CUDA device (a real GPU, or the CPU emulation of
+# builds with -Demulate_cuda=true): `mlag run --device cuda` gives the
+# tokens of `--device host` on both tiny models, and `mlag graphs --device
+# cuda` lists, from the captured CUDA graph, each layer's kv_update node
+# right before its attention node. Exit 77 (skip) without a CUDA device.
+#   cli_cuda_test.sh PATH/TO/mlag
+set -u
+MLAG="$1"
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+if ! MLAG_EMULATED_GPUS=1 "$MLAG" info --model tiny-v3 --device cuda >"$TMP/info" 2>&1; then
+  echo "no CUDA device: skipped ($(tail -1 "$TMP/info"))"
+  exit 77
+fi
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+tokens() { grep -o '"output_tokens":\[[0-9,]*\]' "$1"; }
+
+for model in tiny-v3 tiny-v2; do
+  args=(run --model "$model" --num-requests 16 --prompt-len 21 --max-tokens 10 --json)
+  if ! MLAG_EMULATED_GPUS=1 "$MLAG" "${args[@]}" --device cuda >"$TMP/cuda.json" 2>"$TMP/err"; then
+    bad "$model on cuda: $(tail -3 "$TMP/err")"
+    continue
+  fi
+  "$MLAG" "${args[@]}" --device host >"$TMP/host.json"
+  if [ "$(tokens "$TMP/cuda.json" | wc -l)" -eq 16 ] && [ "$(tokens "$TMP/cuda.json")" = "$(tokens "$TMP/host.json")" ]; then
+    ok
+  else
+    bad "$model: cuda and host tokens differ"
+  fi
+done
+
+# Every layer's kv_update node, then its attention node, read from the CUDA graph.
+if MLAG_EMULATED_GPUS=1 "$MLAG" graphs --device cuda --model tiny-v3 --size 8 --max-num-seqs 8 >"$TMP/graphs" 2>"$TMP/err"; then
+  layers=$(grep -c "attn.kv_update kernel" "$TMP/graphs")
+  ordered=0
+  for i in $(seq 0 $((layers - 1))); do
+    if grep -A1 "^  layers.$i.attn.kv_update kernel" "$TMP/graphs" | grep -q "^  layers.$i.attn.mla kernel"; then
+      ordered=$((ordered + 1))
+    fi
+  done
+  if [ "$layers" -eq 4 ] && [ "$ordered" -eq 4 ] && grep -q "CUDA graph node" "$TMP/graphs"; then ok; else bad "graphs: $layers layers, $ordered in order"; fi
+else
+  bad "graphs on cuda: $(tail -3 "$TMP/err")"
+fi
+
+echo "cli_cuda: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,100 @@
+// Cases of Linear (y = x W^T) and HeadMatmul (the per-head matmuls of MLA
+// weight absorption), against products summed in double. f32 throughout:
+// within 1e-5 normwise (their rounding error is ~1e-7 at these sizes).
+//
+// Row counts cover every host path (1 row: matrix-vector; 2-24: the
+// small-rows kernel; more: sgemm) and the CUDA cuBLASLt path; x and y are
+// column slices of wider buffers in most cases.
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/linear.h"
+#include "tests/ops/harness.h"
+
+namespace mlag::ops_test {
+namespace {
+
+void LinearCase(Context& ctx, int64_t rows, int64_t in, int64_t out, int64_t x_pad, int64_t y_pad) {
+  Buf& x = ctx.Make("x", DType::kF32, {rows, in}, x_pad + 1, x_pad);
+  ctx.Randomize(x);
+  Buf& w = ctx.Make("weight", DType::kF32, {out, in});
+  ctx.Randomize(w);
+  Buf& y = ctx.Output("y", DType::kF32, {rows, out}, 2 * y_pad, y_pad);
+  ctx.RunOp({&y}, [&](Stream& s) { return Linear(s, x.t, w.t, y.t); });
+  const std::vector<double> xv = x.Values(), wv = w.Values();
+  std::vector<double> want;
+  for (int64_t t = 0; t < rows; ++t) {
+    for (int64_t o = 0; o < out; ++o) {
+      double acc = 0.0;
+      for (int64_t k = 0; k < in; ++k) acc += xv[static_cast<size_t>(t * in + k)] * wv[static_cast<size_t>(o * in + k)];
+      want.push_back(acc);
+    }
+  }
+  ctx.ExpectClose(y, want, Tolerance{});
+}
+
+struct HeadCase {
+  int64_t rows, heads, k, n;
+  int64_t x_pad;    // extra columns around each head's K values (q_nope inside q)
+  int64_t out_pad;  // extra columns after each head's N values
+  bool head_major;  // x stored [H, T, K] and viewed as [T, H, K]
+};
+
+void HeadMatmulCase(Context& ctx, const HeadCase& c, bool transpose_w) {
+  const int64_t row = c.k + c.x_pad + 1;
+  Buf& x = c.head_major
+               ? ctx.MakeStrided("x", DType::kF32, {c.rows, c.heads, c.k}, {row, c.rows * row, 1}, c.x_pad, 1)
+               : ctx.MakeStrided("x", DType::kF32, {c.rows, c.heads, c.k}, {c.heads * row, row, 1}, c.x_pad, 1);
+  ctx.Randomize(x);
+  Buf& w = transpose_w ? ctx.Make("weight", DType::kF32, {c.heads, c.n, c.k})
+                       : ctx.Make("weight", DType::kF32, {c.heads, c.k, c.n});
+  ctx.Randomize(w);
+  Buf& out = ctx.Output("out", DType::kF32, {c.rows, c.heads, c.n}, c.out_pad);
+  ctx.RunOp({&out}, [&](Stream& s) { return HeadMatmul(s, x.t, w.t, transpose_w, out.t); });
+  const std::vector<double> xv = x.Values(), wv = w.Values();  // x as [T, H, K]
+  std::vector<double> want;
+  for (int64_t t = 0; t < c.rows; ++t) {
+    for (int64_t h = 0; h < c.heads; ++h) {
+      for (int64_t j = 0; j < c.n; ++j) {
+        double acc = 0.0;
+        for (int64_t kk = 0; kk < c.k; ++kk) {
+          const double wval = transpose_w ? wv[static_cast<size_t>((h * c.n + j) * c.k + kk)]
+                                          : wv[static_cast<size_t>((h * c.k + kk) * c.n + j)];
+          acc += xv[static_cast<size_t>((t * c.heads + h) * c.k + kk)] * wval;
+        }
+        want.push_back(acc);
+      }
+    }
+  }
+  ctx.ExpectClose(out, want, Tolerance{});
+}
+
+}  // namespace
+
+void AddLinearCases(CaseList& cases) {
+  int i = 0;
+  for (int64_t rows : {1, 2, 7, 17, 24, 25, 40, 64}) {
+    for (auto [in, out] : {std::pair<int64_t, int64_t>{7, 5}, {64, 33}, {129, 70}, {37, 53}}) {
+      const int64_t x_pad = (i % 3 == 0) ? 0 : 2 + i % 3;
+      const int64_t y_pad = (i % 2 == 0) ? 1 : 0;
+      ++i;
+      cases.Add("linear", absl::StrCat(rows, "x", in, " -> ", out, " pads ", x_pad, " ", y_pad),
+                [=](Context& ctx) { LinearCase(ctx, rows, in, out, x_pad, y_pad); });
+    }
+  }
+  const HeadCase heads[] = {
+      {1, 1, 7, 9, 0, 0, false},    {1, 5, 32, 24, 3, 1, false}, {3, 2, 33, 65, 1, 0, true},
+      {17, 5, 7, 129, 2, 2, false}, {17, 3, 129, 129, 0, 1, true}, {33, 3, 19, 24, 2, 3, false},
+  };
+  for (const HeadCase& c : heads) {
+    for (bool transpose_w : {false, true}) {
+      cases.Add("head_matmul",
+                absl::StrCat(c.rows, " tokens ", c.heads, " heads ", c.k, "x", c.n, " pads ", c.x_pad,
+                             " ", c.out_pad, c.head_major ? " head-major" : "", transpose_w ? " W^T" : " W"),
+                [=](Context& ctx) { HeadMatmulCase(ctx, c, transpose_w); });
+    }
+  }
+}
+
+}  // namespace mlag::ops_test

@@ -1,0 +1,200 @@
+// The op harness: every op's cases are written once (tests/ops/cases_*.cc)
+// and run on every backend present, each against a reference computed in
+// double from the inputs as stored, with the tolerance its output dtype
+// allows. In the manner of ggml's test-backend-ops.
+//
+// Backends: "host" always; "cuda" when a CUDA device is present: a real GPU,
+// or the CPU emulation of builds with -Demulate_cuda=true. Test names are
+// <backend>/<op>.<case>; a backend that is absent skips its cases.
+//
+// What every case gets checked, whatever the op:
+//   - outputs are poisoned (0xff bytes: NaN in every float dtype, -1 in
+//     integers) before the run, and every element must be written;
+//   - views may be strided, and the bytes around a view (padding between
+//     rows, before and after it) must come back as they were;
+//   - RunOp runs the op eagerly and then, on the same buffers, as a captured
+//     graph replayed twice: the replay must give the eager bytes exactly.
+//
+// Writing a case:
+//   void RmsNormCase(Context& ctx, ...) {
+//     Buf& x = ctx.Make("x", DType::kBF16, {rows, dim}, /*pad=*/3);
+//     ctx.Randomize(x, -2, 2);
+//     Buf& y = ctx.Output("y", DType::kF32, {rows, dim});
+//     ctx.RunOp({&y}, [&](Stream& s) { return RmsNorm(s, x.t, w.t, eps, y.t); });
+//     ctx.ExpectClose(y, reference, Tolerance::Rounded());
+//   }
+//   void AddNormCases(CaseList& cases) { cases.Add("rms_norm", "bf16 5x513", ...); }
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "runtime/core/device.h"
+#include "runtime/core/stream.h"
+#include "runtime/core/tensor.h"
+
+namespace mlag::ops_test {
+
+// The device a case runs on and a stream of it.
+class Backend {
+ public:
+  // The host backend (always), and the CUDA backend (nullptr without a CUDA
+  // device).
+  static Backend& Host();
+  static Backend* Cuda();
+
+  const std::string& name() const { return name_; }
+  bool is_cuda() const { return device_->is_cuda(); }
+  Device& device() { return *device_; }
+  Stream& stream() { return *stream_; }
+
+ private:
+  Backend(std::string name, std::unique_ptr<Device> device, std::unique_ptr<Stream> stream)
+      : name_(std::move(name)), device_(std::move(device)), stream_(std::move(stream)) {}
+  std::string name_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<Stream> stream_;
+};
+
+// How close an output must be to its double-precision reference, per dtype:
+//   f32       normwise relative error max|got - want| / max|want| <= f32;
+//   bf16/f16  each element within `ulps` of the reference rounded to that
+//             dtype (the op rounds its f32 result once; the reference
+//             rounds the exact value once; they may straddle a midpoint);
+//   integers  exact.
+//   flips     ops that round to bf16 inside (a normalised value before the
+//             weight multiplies it): where the op's f32 value and the
+//             reference's straddle a bf16 midpoint the result moves by a
+//             bf16 ulp (2^-8 relative); up to `flip_fraction` of the
+//             elements (plus one) may then be off by up to `flip_error`
+//             relative to max|want| instead of `f32`.
+struct Tolerance {
+  double f32 = 1e-5;
+  int ulps = 1;
+  double flip_error = 0.0;
+  double flip_fraction = 0.0;
+  // Copies, conversions and other ops that must be exact.
+  static Tolerance Exact() { return {0.0, 0, 0.0, 0.0}; }
+  static Tolerance F32(double normwise) { return {normwise, 1, 0.0, 0.0}; }
+  static Tolerance Bf16Inside() { return {1e-5, 2, 1.0 / 64, 0.01}; }
+};
+
+// A tensor view on a backend and the buffer around it, mirrored on the host:
+// `host` holds what the test put there (inputs) or expects to find
+// untouched (everything outside an output's view).
+struct Buf {
+  std::string name;
+  DType dtype = DType::kF32;
+  int64_t span = 0;            // elements in the buffer
+  std::vector<uint8_t> host;   // span * element size bytes
+  int64_t offset = 0;          // element index of the view's first element
+  std::vector<int64_t> shape, strides;
+  Buffer device_buffer;
+  Tensor t;  // the view, on the backend's device
+
+  size_t esize() const { return DTypeSize(dtype); }
+  int64_t numel() const { return t.numel(); }
+  // Buffer index of each view element, in row-major order.
+  std::vector<int64_t> ViewElements() const;
+  // Element `i` of the view (row-major) as the host mirror has it.
+  double Value(int64_t i) const;
+  // Every view element as the host mirror has it (the reference's input).
+  std::vector<double> Values() const;
+  // Writes `v` (rounded to the dtype) as view element `i` of the mirror.
+  void Set(int64_t i, double v);
+  template <typename T>
+  T* HostData() {
+    return reinterpret_cast<T*>(host.data()) + offset;
+  }
+};
+
+// What a case works with: its backend, its buffers and the checks.
+class Context {
+ public:
+  explicit Context(Backend& backend, uint32_t seed) : backend_(backend), seed_(seed) {}
+
+  Backend& backend() { return backend_; }
+  Stream& stream() { return backend_.stream(); }
+  bool is_cuda() const { return backend_.is_cuda(); }
+  // A fresh seed for each use, the same sequence on every backend.
+  uint32_t NextSeed() { return seed_++; }
+
+  // A view of `shape`, row-major with every stride but the last padded by
+  // `pad` elements, `offset` elements into its buffer, `tail` after it. The
+  // mirror starts as 0xff bytes (poison); Randomize or Set and Upload fill it.
+  Buf& Make(const std::string& name, DType dtype, std::vector<int64_t> shape, int64_t pad = 0,
+            int64_t offset = 0, int64_t tail = 0);
+  Buf& MakeStrided(const std::string& name, DType dtype, std::vector<int64_t> shape,
+                   std::vector<int64_t> strides, int64_t offset = 0, int64_t tail = 0);
+  // An output: made as above and poisoned on the device.
+  Buf& Output(const std::string& name, DType dtype, std::vector<int64_t> shape, int64_t pad = 0,
+              int64_t offset = 0, int64_t tail = 0);
+
+  // Uniform values in [lo, hi) in the whole buffer (padding too), uploaded.
+  void Randomize(Buf& b, double lo = -1.0, double hi = 1.0);
+  // The mirror to the device (after Set).
+  void Upload(Buf& b);
+  // 0xff bytes in the whole buffer, on the device and in the mirror.
+  void Poison(Buf& b);
+  // The device buffer's bytes now.
+  std::vector<uint8_t> Download(const Buf& b);
+  // View element values of `b` read from the device.
+  std::vector<double> DeviceValues(const Buf& b);
+
+  // Runs `op` eagerly; then, unless `graph` is false, captures it into a
+  // graph (outputs poisoned again) and replays the graph twice: each replay
+  // must leave the eager result in every output, byte for byte (in-place
+  // outputs are restored from `inputs_restored` first: the buffers an op
+  // reads and writes, copied back to their values before the eager run).
+  void RunOp(std::initializer_list<Buf*> outputs, const std::function<absl::Status(Stream&)>& op,
+             bool graph = true, std::initializer_list<Buf*> in_place = {});
+
+  // Output checks. Each checks every view element written (not NaN unless
+  // the reference is), within `tol` of `want`, and every byte outside the
+  // view unchanged. `what` names the output in messages.
+  void ExpectClose(const Buf& out, const std::vector<double>& want, const Tolerance& tol);
+  // Integer (or any) outputs: exactly `want`, bytes outside the view unchanged.
+  void ExpectInts(const Buf& out, const std::vector<int64_t>& want);
+
+ private:
+  void ExpectOutsideUnchanged(const Buf& out, const std::vector<uint8_t>& device_bytes);
+
+  Backend& backend_;
+  uint32_t seed_;
+  std::vector<std::unique_ptr<Buf>> bufs_;
+};
+
+// `v` rounded as storing it in `dtype` would (f32 rounds to f32).
+double RoundTo(DType dtype, double v);
+
+// One case of one op.
+struct OpCase {
+  std::string op;
+  std::string name;
+  std::function<void(Context&)> run;
+};
+
+class CaseList {
+ public:
+  void Add(std::string op, std::string name, std::function<void(Context&)> run) {
+    cases_.push_back({std::move(op), std::move(name), std::move(run)});
+  }
+  const std::vector<OpCase>& cases() const { return cases_; }
+
+ private:
+  std::vector<OpCase> cases_;
+};
+
+// The case families (one file each).
+void AddBasicCases(CaseList& cases);     // cases_basic.cc: norms, activation, embedding, rope, elementwise
+void AddLinearCases(CaseList& cases);    // cases_linear.cc: linear, head matmul
+void AddMlaCases(CaseList& cases);       // cases_mla.cc: kv_update, decode, prefill
+void AddMoeCases(CaseList& cases);       // cases_moe.cc: route, experts
+void AddSamplingCases(CaseList& cases);  // cases_sampling.cc: sample
+
+}  // namespace mlag::ops_test
