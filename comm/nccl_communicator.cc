@@ -108,7 +108,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Wrap(ncclComm_t 
   MLAG_RETURN_IF_ERROR(scoped.Enter(device));
   MLAG_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&handle->stream, cudaStreamNonBlocking));
   MLAG_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&handle->scalar), sizeof(int64_t)));
-  MLAG_CUDA_RETURN_IF_ERROR(cudaMemset(handle->scalar, 0, sizeof(int64_t)));
+  // On the handle's own stream: the legacy stream cudaMemset uses is not
+  // ordered with it.
+  MLAG_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(handle->scalar, 0, sizeof(int64_t), handle->stream));
+  MLAG_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(handle->stream));
   int rank = 0;
   int size = 0;
   MLAG_NCCL_CALL(ncclCommUserRank, comm, &rank);

@@ -164,7 +164,7 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> MakePlan(cublasLtHandle_t handle, cons
 class Context {
  public:
   static absl::StatusOr<std::unique_ptr<Context>> Create(Stream& stream) {
-    std::unique_ptr<Context> ctx(new Context(stream.native()));
+    std::unique_ptr<Context> ctx(new Context());
     MLAG_RETURN_IF_ERROR(stream.device().MakeCurrent());
     MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&ctx->handle_));
     MLAG_ASSIGN_OR_RETURN(ctx->workspace_, stream.device().Allocate(kWorkspaceBytes));
@@ -182,7 +182,6 @@ class Context {
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
-  void* native() const { return native_; }
   cublasLtHandle_t handle() const { return handle_; }
   void* workspace() const { return workspace_.data(); }
   size_t workspace_bytes() const { return workspace_.bytes(); }
@@ -229,9 +228,8 @@ class Context {
   }
 
  private:
-  explicit Context(void* native) : native_(native) {}
+  Context() = default;
 
-  void* native_;
   cublasLtHandle_t handle_ = nullptr;
   Buffer workspace_;
   absl::Mutex mu_;
@@ -240,27 +238,17 @@ class Context {
   std::vector<Buffer> retired_scratch_ ABSL_GUARDED_BY(mu_);
 };
 
-struct Registry {
-  absl::Mutex mu;
-  absl::flat_hash_map<const Stream*, std::shared_ptr<Context>> contexts ABSL_GUARDED_BY(mu);
-};
+// The key of the context among the stream's attachments.
+const char kContextKey = 0;
 
-// Leaked on purpose: destroying handles and freeing memory during static
-// destruction can race the CUDA runtime's own teardown.
-Registry& GetRegistry() {
-  static Registry* registry = new Registry();
-  return *registry;
-}
-
-// The context of `stream`, created on its first eager use.
+// The context of `stream`, created on its first eager use and kept as one of
+// the stream's attachments, so it is released with the stream.
 absl::StatusOr<std::shared_ptr<Context>> GetContext(Stream& stream, absl::string_view op) {
   if (!stream.is_cuda()) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": cuBLASLt on a host stream"));
   }
-  Registry& r = GetRegistry();
-  absl::MutexLock lock(&r.mu);
-  auto it = r.contexts.find(&stream);
-  if (it != r.contexts.end() && it->second->native() == stream.native()) return it->second;
+  std::shared_ptr<void> found = stream.attachment(&kContextKey);
+  if (found != nullptr) return std::static_pointer_cast<Context>(found);
   if (stream.capturing()) {
     return absl::FailedPreconditionError(absl::StrCat(
         op, ": the stream has no CUDA context yet and none can be created during a graph "
@@ -268,7 +256,7 @@ absl::StatusOr<std::shared_ptr<Context>> GetContext(Stream& stream, absl::string
   }
   MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Context> created, Context::Create(stream));
   std::shared_ptr<Context> ctx(std::move(created));
-  r.contexts[&stream] = ctx;  // replaces a context left by a destroyed Stream
+  stream.set_attachment(&kContextKey, ctx);
   return ctx;
 }
 
@@ -379,30 +367,11 @@ absl::StatusOr<void*> Scratch(Stream& stream, size_t bytes, absl::string_view us
   return ctx->Scratch(stream, bytes, user);
 }
 
-void ReleaseStreamContext(const Stream& stream) {
-  std::shared_ptr<Context> ctx;
-  {
-    Registry& r = GetRegistry();
-    absl::MutexLock lock(&r.mu);
-    auto it = r.contexts.find(&stream);
-    if (it == r.contexts.end()) return;
-    ctx = std::move(it->second);
-    r.contexts.erase(it);
-  }
-  // Destroyed here, outside the registry lock (unless another thread still
-  // holds it mid-launch; then when that launch returns).
-}
+void ReleaseStreamContext(Stream& stream) { stream.set_attachment(&kContextKey, nullptr); }
 
 size_t CachedAlgorithmCount(const Stream& stream) {
-  std::shared_ptr<Context> ctx;
-  {
-    Registry& r = GetRegistry();
-    absl::MutexLock lock(&r.mu);
-    auto it = r.contexts.find(&stream);
-    if (it == r.contexts.end() || it->second->native() != stream.native()) return 0;
-    ctx = it->second;
-  }
-  return ctx->plan_count();
+  std::shared_ptr<void> found = stream.attachment(&kContextKey);
+  return found == nullptr ? 0 : std::static_pointer_cast<Context>(found)->plan_count();
 }
 
 }  // namespace mlag::cuda_blas

@@ -5,11 +5,9 @@
 // Contexts. Each Stream that runs a CUDA matmul (or asks for scratch) gets
 // one context, created lazily on its first eager use: a cublasLt handle, a
 // fixed kWorkspaceBytes cuBLASLt workspace, an algorithm cache and the
-// scratch buffer. Contexts live in a process-wide registry keyed by the
-// Stream's address behind a mutex; ReleaseStreamContext(stream) frees one
-// (call it before destroying a Stream, or never: the registry is reclaimed at
-// process exit). A context found under the address of a destroyed Stream is
-// recognised by its different cudaStream_t and replaced.
+// scratch buffer. The context is one of the stream's attachments
+// (Stream::attachment) and is released with the stream, so it belongs to
+// whoever owns the stream (the model runner, for the model's matmuls).
 //
 // Graph capture. Choosing an algorithm (cublasLtMatmulAlgoGetHeuristic) and
 // allocating memory happen only in EAGER launches. During a capture
@@ -65,10 +63,10 @@ absl::Status HeadMatmul(Stream& stream, const Tensor& x, const Tensor& weight, b
 absl::StatusOr<void*> Scratch(Stream& stream, size_t bytes, absl::string_view user);
 
 // Frees the context of `stream` (handle, workspace, scratch, cached
-// algorithms), if any. Work already enqueued must have finished (cudaFree
-// synchronises the device anyway); graphs captured on the stream must not be
-// replayed afterwards.
-void ReleaseStreamContext(const Stream& stream);
+// algorithms) before the stream goes, if it has one. Work already enqueued
+// must have finished (cudaFree synchronises the device anyway); graphs
+// captured on the stream must not be replayed afterwards.
+void ReleaseStreamContext(Stream& stream);
 
 // Algorithms cached for `stream` (0 without a context), for tests.
 size_t CachedAlgorithmCount(const Stream& stream);

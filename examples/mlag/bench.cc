@@ -109,7 +109,7 @@ absl::Status Bench(BenchFlags f) {
   rc.max_num_batched_tokens = std::max(max_batch, f.prefill_len);
   rc.graph_mode = GraphMode::kFullDecode;
   rc.capture_sizes = f.batch_sizes;
-  rc.kv_dtype = device->is_cuda() ? DType::kBF16 : DType::kF32;
+  rc.kv_dtype = DType::kBF16;  // as the engine's default
   auto t_build = Clock::now();
   MLAG_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
                         ModelRunner::Create(source, device.get(), rc));

@@ -62,6 +62,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     data_ = other.data_;
     bytes_ = other.bytes_;
     kind_ = other.kind_;
+    pinned_ = other.pinned_;
     cuda_index_ = other.cuda_index_;
     other.data_ = nullptr;
     other.bytes_ = 0;
@@ -71,7 +72,11 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
 
 void Buffer::Release() {
   if (data_ == nullptr) return;
-  if (kind_ == DeviceKind::kHost) {
+  if (pinned_) {
+#if MLAG_HAVE_CUDA
+    cudaFreeHost(data_);
+#endif
+  } else if (kind_ == DeviceKind::kHost) {
     std::free(data_);
   } else {
 #if MLAG_HAVE_CUDA
@@ -177,6 +182,36 @@ absl::StatusOr<Buffer> Device::Allocate(size_t bytes) {
   }
   buf.bytes_ = bytes;
   return buf;
+}
+
+absl::StatusOr<Buffer> Device::AllocatePinned(size_t bytes) {
+  if (kind_ == DeviceKind::kHost) {
+    Buffer buf;
+    if (bytes == 0) return buf;
+    void* p = std::aligned_alloc(kHostAlignment, AlignUp(bytes, kHostAlignment));
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("host allocation of ", bytes, " bytes failed"));
+    }
+    buf.data_ = p;
+    buf.bytes_ = bytes;
+    return buf;
+  }
+#if MLAG_HAVE_CUDA
+  if (active_captures_.load() > 0) {
+    return absl::FailedPreconditionError("pinned allocation during a graph capture");
+  }
+  MLAG_RETURN_IF_ERROR(MakeCurrent());
+  Buffer buf;
+  if (bytes == 0) return buf;
+  void* p = nullptr;
+  MLAG_CUDA_RETURN_IF_ERROR(cudaMallocHost(&p, bytes));
+  buf.data_ = p;
+  buf.bytes_ = bytes;
+  buf.pinned_ = true;
+  return buf;
+#else
+  return absl::FailedPreconditionError("CUDA allocation in a build without CUDA");
+#endif
 }
 
 absl::Status Device::CopyToHost(void* host_dst, const void* device_src, size_t bytes) const {

@@ -49,6 +49,7 @@ class Buffer {
   void* data_ = nullptr;
   size_t bytes_ = 0;
   DeviceKind kind_ = DeviceKind::kHost;
+  bool pinned_ = false;  // page-locked host memory (cudaMallocHost)
   int cuda_index_ = -1;
 };
 
@@ -73,10 +74,15 @@ class Device {
   // buffer. Fails with FailedPrecondition during a graph capture on this device.
   absl::StatusOr<Buffer> Allocate(size_t bytes);
 
+  // Host memory for staging copies to and from this device: page-locked on
+  // CUDA (so Stream::CopyFromHost / CopyToHost run asynchronously from it),
+  // ordinary memory on the host. Its Buffer reports DeviceKind::kHost.
+  absl::StatusOr<Buffer> AllocatePinned(size_t bytes);
+
   // Synchronous copies between host memory and this device's memory. On CUDA
   // they wait for the whole device, so they are ordered with work on every
-  // stream (simple and safe; the per-step uploads of the runner would move to
-  // async copies on its stream for speed).
+  // stream: for set-up and diagnostics. Per-step transfers go through a
+  // stream (Stream::CopyFromHost / CopyToHost) from pinned memory.
   absl::Status CopyToHost(void* host_dst, const void* device_src, size_t bytes) const;
   absl::Status CopyFromHost(void* device_dst, const void* host_src, size_t bytes) const;
   // Makes this device current for the calling thread (CUDA); no-op on host.

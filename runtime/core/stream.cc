@@ -2,10 +2,13 @@
 
 #include <utility>
 
+#include <algorithm>
+#include <cstring>
 #include <deque>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "mlag_config.h"
 #include "runtime/core/cuda_status.h"
 #include "runtime/core/status.h"
@@ -228,6 +231,7 @@ absl::StatusOr<std::unique_ptr<Stream>> Stream::Create(Device* device) {
 }
 
 Stream::~Stream() {
+  attachments_.clear();  // library state first: it may still use the CUDA stream
   if (capturing_) device_->AddCapture(-1);
 #if MLAG_HAVE_CUDA
   if (native_ != nullptr) {
@@ -372,10 +376,100 @@ absl::StatusOr<std::unique_ptr<Graph>> Stream::EndCapture() {
 absl::Status Stream::Synchronize() {
 #if MLAG_HAVE_CUDA
   if (is_cuda()) {
-    MLAG_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(native_)));
+    cudaStream_t s = static_cast<cudaStream_t>(native_);
+    if (watchdog_timeout_ == absl::ZeroDuration()) {
+      MLAG_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+      return absl::OkStatus();
+    }
+    // Poll, backing off from 20 us to 1 ms, checking the health function.
+    const absl::Time deadline = absl::Now() + watchdog_timeout_;
+    absl::Duration pause = absl::Microseconds(20);
+    for (;;) {
+      const cudaError_t e = cudaStreamQuery(s);
+      if (e == cudaSuccess) return absl::OkStatus();
+      if (e != cudaErrorNotReady) return CudaStatus(e, "cudaStreamQuery", MLAG_WHERE_);
+      if (watchdog_health_) MLAG_RETURN_IF_ERROR(watchdog_health_());
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "the stream's work did not finish within ", absl::FormatDuration(watchdog_timeout_),
+            ": a collective waits for a peer that is dead or hung"));
+      }
+      absl::SleepFor(pause);
+      pause = std::min(pause * 2, absl::Milliseconds(1));
+    }
   }
 #endif
   return absl::OkStatus();
+}
+
+void Stream::SetWatchdog(absl::Duration timeout, std::function<absl::Status()> health) {
+  watchdog_timeout_ = timeout;
+  watchdog_health_ = timeout == absl::ZeroDuration() ? nullptr : std::move(health);
+}
+
+absl::Status Stream::RefuseDuringCapture(absl::string_view what) const {
+  if (!capturing_) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(what, " during a graph capture: graphs read inputs only from their buffers"));
+}
+
+absl::Status Stream::CopyFromHost(void* device_dst, const void* host_src, size_t bytes) {
+  MLAG_RETURN_IF_ERROR(RefuseDuringCapture("a host-to-device copy"));
+  if (bytes == 0) return absl::OkStatus();
+  if (!is_cuda()) {
+    std::memcpy(device_dst, host_src, bytes);
+    return absl::OkStatus();
+  }
+#if MLAG_HAVE_CUDA
+  MLAG_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice,
+                                            static_cast<cudaStream_t>(native_)));
+#endif
+  return absl::OkStatus();
+}
+
+absl::Status Stream::CopyToHost(void* host_dst, const void* device_src, size_t bytes) {
+  MLAG_RETURN_IF_ERROR(RefuseDuringCapture("a device-to-host copy"));
+  if (bytes == 0) return absl::OkStatus();
+  if (!is_cuda()) {
+    std::memcpy(host_dst, device_src, bytes);
+    return absl::OkStatus();
+  }
+#if MLAG_HAVE_CUDA
+  MLAG_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost,
+                                            static_cast<cudaStream_t>(native_)));
+#endif
+  return absl::OkStatus();
+}
+
+absl::Status Stream::Memset(void* device_dst, int value, size_t bytes) {
+  MLAG_RETURN_IF_ERROR(RefuseDuringCapture("a memset"));
+  if (bytes == 0) return absl::OkStatus();
+  if (!is_cuda()) {
+    std::memset(device_dst, value, bytes);
+    return absl::OkStatus();
+  }
+#if MLAG_HAVE_CUDA
+  MLAG_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(device_dst, value, bytes, static_cast<cudaStream_t>(native_)));
+#endif
+  return absl::OkStatus();
+}
+
+std::shared_ptr<void> Stream::attachment(const void* key) const {
+  for (const auto& [k, v] : attachments_) {
+    if (k == key) return v;
+  }
+  return nullptr;
+}
+
+void Stream::set_attachment(const void* key, std::shared_ptr<void> value) {
+  for (auto it = attachments_.begin(); it != attachments_.end(); ++it) {
+    if (it->first == key) {
+      attachments_.erase(it);
+      break;
+    }
+  }
+  if (value != nullptr) attachments_.emplace_back(key, std::move(value));
 }
 
 NodeScope::NodeScope(Stream& stream, std::string name, OpKind kind) : stream_(stream) {

@@ -35,6 +35,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "runtime/core/device.h"
 
 namespace mlag {
@@ -97,8 +98,33 @@ class Stream {
   absl::StatusOr<std::unique_ptr<Graph>> EndCapture();
   bool capturing() const { return capturing_; }
 
-  // Waits for all work on the stream (no-op on the host, which is synchronous).
+  // Waits for all work on the stream (no-op on the host, which is
+  // synchronous). With a watchdog set, waits at most its timeout and checks
+  // its health function while waiting (see SetWatchdog).
   absl::Status Synchronize();
+
+  // Makes Synchronize give up after `timeout` with DeadlineExceeded, and
+  // fail as soon as `health` returns an error (polled while waiting): for
+  // streams whose work waits on other ranks (collectives), so a dead or hung
+  // peer surfaces as an error instead of a hang. `health` may be empty.
+  // A zero timeout removes the watchdog.
+  void SetWatchdog(absl::Duration timeout, std::function<absl::Status()> health);
+
+  // Stream-ordered copies and fills outside any graph (refused during a
+  // capture): run now on the host; enqueued on CUDA (cudaMemcpyAsync /
+  // cudaMemsetAsync), so they are ordered with the stream's kernels. A copy
+  // from pinned host memory (Device::AllocatePinned) is asynchronous: keep
+  // the source unchanged until the stream has run it. A copy into pageable
+  // host memory returns when the data is there.
+  absl::Status CopyFromHost(void* device_dst, const void* host_src, size_t bytes);
+  absl::Status CopyToHost(void* host_dst, const void* device_src, size_t bytes);
+  absl::Status Memset(void* device_dst, int value, size_t bytes);
+
+  // Library state kept per stream (the cuBLASLt context of
+  // kernels/cuda_blas.cc), found by `key` and released with the stream,
+  // before its CUDA stream is destroyed. A stream has one user thread.
+  std::shared_ptr<void> attachment(const void* key) const;
+  void set_attachment(const void* key, std::shared_ptr<void> value);  // nullptr erases
 
   // Number of ops launched eagerly plus ops recorded, since creation.
   uint64_t launches() const { return launches_; }
@@ -117,9 +143,14 @@ class Stream {
   void ResolveName(absl::string_view default_name, OpKind kind, std::string* name,
                    OpKind* resolved_kind, uint64_t* scope_id) const;
 
+  absl::Status RefuseDuringCapture(absl::string_view what) const;
+
   Device* device_;
   void* native_ = nullptr;
   bool capturing_ = false;
+  absl::Duration watchdog_timeout_ = absl::ZeroDuration();
+  std::function<absl::Status()> watchdog_health_;
+  std::vector<std::pair<const void*, std::shared_ptr<void>>> attachments_;
   uint64_t launches_ = 0;
   uint64_t next_scope_id_ = 1;
   std::vector<Scope> scopes_;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/host/sampling.h"
@@ -77,36 +78,64 @@ absl::Status ModelRunner::Init(ModelSource& source) {
   mo.max_ep_ranks = c.max_ep_ranks;
   MLAG_ASSIGN_OR_RETURN(model_, BuildModel(source, device_, mo));
 
-  auto alloc = [&](DType dtype, std::initializer_list<int64_t> shape) -> absl::StatusOr<Tensor> {
-    Tensor probe(nullptr, dtype, shape);
-    MLAG_ASSIGN_OR_RETURN(Buffer b, device_->Allocate(probe.nbytes()));
-    std::vector<char> zeros(probe.nbytes(), 0);
-    MLAG_RETURN_IF_ERROR(device_->CopyFromHost(b.data(), zeros.data(), zeros.size()));
-    Tensor t = b.AsTensor(dtype, shape);
-    buffers_.push_back(std::move(b));
-    return t;
-  };
+  // KV caches, zero-filled on the stream (no host buffer of their size).
   const ModelConfig& mc = model_->config();
   for (int l = 0; l < mc.num_hidden_layers; ++l) {
-    MLAG_ASSIGN_OR_RETURN(Tensor cache, alloc(c.kv_dtype, {c.num_blocks, c.block_size,
-                                                            mc.kv_cache_row()}));
+    Tensor probe(nullptr, c.kv_dtype, {c.num_blocks, c.block_size, mc.kv_cache_row()});
+    MLAG_ASSIGN_OR_RETURN(Buffer b, device_->Allocate(probe.nbytes()));
+    MLAG_RETURN_IF_ERROR(stream_->Memset(b.data(), 0, b.bytes()));
+    Tensor cache = b.AsTensor(c.kv_dtype, {c.num_blocks, c.block_size, mc.kv_cache_row()});
+    buffers_.push_back(std::move(b));
     kv_caches_.push_back(cache);
     model_->BindKvCache(l, cache);
   }
+  // The static input buffers: one device allocation and a pinned staging
+  // buffer of the same layout, so a step's inputs travel in one copy.
   const int64_t R = max_rows_, S = max_seq_rows_;
-  MLAG_ASSIGN_OR_RETURN(input_ids_, alloc(DType::kI32, {R}));
-  MLAG_ASSIGN_OR_RETURN(positions_, alloc(DType::kI32, {R}));
-  MLAG_ASSIGN_OR_RETURN(slot_mapping_, alloc(DType::kI64, {R}));
-  MLAG_ASSIGN_OR_RETURN(block_table_, alloc(DType::kI32, {S, max_blocks_per_seq_}));
-  MLAG_ASSIGN_OR_RETURN(seq_lens_, alloc(DType::kI32, {S}));
-  MLAG_ASSIGN_OR_RETURN(query_start_loc_, alloc(DType::kI32, {S + 1}));
-  MLAG_ASSIGN_OR_RETURN(logits_indices_, alloc(DType::kI32, {S}));
-  MLAG_ASSIGN_OR_RETURN(temperature_, alloc(DType::kF32, {S}));
-  MLAG_ASSIGN_OR_RETURN(top_k_, alloc(DType::kI32, {S}));
-  MLAG_ASSIGN_OR_RETURN(top_p_, alloc(DType::kF32, {S}));
-  MLAG_ASSIGN_OR_RETURN(seeds_, alloc(DType::kI64, {S}));
-  MLAG_ASSIGN_OR_RETURN(steps_, alloc(DType::kI64, {S}));
-  MLAG_ASSIGN_OR_RETURN(sampled_, alloc(DType::kI32, {S}));
+  struct Field {
+    Tensor* device;
+    Tensor* staged;
+    DType dtype;
+    std::vector<int64_t> shape;
+  };
+  const Field fields[] = {
+      {&input_ids_, &staged_.input_ids, DType::kI32, {R}},
+      {&positions_, &staged_.positions, DType::kI32, {R}},
+      {&slot_mapping_, &staged_.slot_mapping, DType::kI64, {R}},
+      {&block_table_, &staged_.block_table, DType::kI32, {S, max_blocks_per_seq_}},
+      {&seq_lens_, &staged_.seq_lens, DType::kI32, {S}},
+      {&query_start_loc_, &staged_.query_start_loc, DType::kI32, {S + 1}},
+      {&logits_indices_, &staged_.logits_indices, DType::kI32, {S}},
+      {&temperature_, &staged_.temperature, DType::kF32, {S}},
+      {&top_k_, &staged_.top_k, DType::kI32, {S}},
+      {&top_p_, &staged_.top_p, DType::kF32, {S}},
+      {&seeds_, &staged_.seeds, DType::kI64, {S}},
+      {&steps_, &staged_.steps, DType::kI64, {S}},
+  };
+  std::vector<size_t> offsets;
+  size_t bytes = 0;
+  for (const Field& f : fields) {
+    offsets.push_back(bytes);
+    bytes += (Tensor(nullptr, f.dtype, f.shape).nbytes() + 63) / 64 * 64;
+  }
+  MLAG_ASSIGN_OR_RETURN(inputs_, device_->Allocate(bytes));
+  MLAG_ASSIGN_OR_RETURN(staging_, device_->AllocatePinned(bytes));
+  std::memset(staging_.data(), 0, bytes);
+  for (size_t i = 0; i < std::size(fields); ++i) {
+    const Field& f = fields[i];
+    *f.device = Tensor(static_cast<char*>(inputs_.data()) + offsets[i], f.dtype, f.shape,
+                       device_->kind());
+    *f.staged = Tensor(static_cast<char*>(staging_.data()) + offsets[i], f.dtype, f.shape,
+                       DeviceKind::kHost);
+  }
+  MLAG_RETURN_IF_ERROR(stream_->CopyFromHost(inputs_.data(), staging_.data(), bytes));
+  // The sampled tokens, and their pinned copy on the host.
+  MLAG_ASSIGN_OR_RETURN(Buffer sampled, device_->Allocate(S * sizeof(int32_t)));
+  MLAG_RETURN_IF_ERROR(stream_->Memset(sampled.data(), 0, sampled.bytes()));
+  sampled_ = sampled.AsTensor(DType::kI32, {S});
+  buffers_.push_back(std::move(sampled));
+  MLAG_ASSIGN_OR_RETURN(sampled_host_, device_->AllocatePinned(S * sizeof(int32_t)));
+  return stream_->Synchronize();
   return absl::OkStatus();
 }
 
@@ -150,64 +179,59 @@ absl::Status ModelRunner::RunOps(const AttentionMetadata& meta) {
                 Rows(top_p_, B), Rows(seeds_, B), Rows(steps_, B), Rows(sampled_, B));
 }
 
-// Host staging for the static buffers.
-struct ModelRunner::Staging {
-  std::vector<int32_t> ids, positions, block_table, seq_lens, qsl, logits_idx, top_k, sampled;
-  std::vector<int64_t> slots, seeds, steps;
-  std::vector<float> temperature, top_p;
-
-  void Resize(int rows, int seqs, int max_blocks) {
-    ids.assign(rows, 0);
-    positions.assign(rows, 0);
-    slots.assign(rows, -1);
-    block_table.assign(static_cast<size_t>(seqs) * max_blocks, 0);
-    seq_lens.assign(seqs, 0);
-    qsl.assign(seqs + 1, 0);
-    logits_idx.assign(seqs, 0);
-    temperature.assign(seqs, 0.0f);
-    top_k.assign(seqs, 0);
-    top_p.assign(seqs, 1.0f);
-    seeds.assign(seqs, 0);
-    steps.assign(seqs, 0);
+ModelRunner::Staging ModelRunner::BeginStaging(int rows, int seqs) {
+  // The staging buffer is the source of an upload that may still be queued:
+  // wait for it before writing the next step's inputs over it.
+  if (upload_pending_) {
+    stream_->Synchronize().IgnoreError();  // a failure resurfaces at the step's own sync
+    upload_pending_ = false;
   }
-};
-
-namespace {
-
-template <typename T>
-absl::Status Upload(Device& device, const Tensor& dst, const std::vector<T>& src) {
-  return device.CopyFromHost(dst.data(), src.data(), src.size() * sizeof(T));
+  Staging st;
+  st.ids = staged_.input_ids.data_as<int32_t>();
+  st.positions = staged_.positions.data_as<int32_t>();
+  st.slots = staged_.slot_mapping.data_as<int64_t>();
+  st.block_table = staged_.block_table.data_as<int32_t>();
+  st.seq_lens = staged_.seq_lens.data_as<int32_t>();
+  st.qsl = staged_.query_start_loc.data_as<int32_t>();
+  st.logits_idx = staged_.logits_indices.data_as<int32_t>();
+  st.temperature = staged_.temperature.data_as<float>();
+  st.top_k = staged_.top_k.data_as<int32_t>();
+  st.top_p = staged_.top_p.data_as<float>();
+  st.seeds = staged_.seeds.data_as<int64_t>();
+  st.steps = staged_.steps.data_as<int64_t>();
+  // Dummy values in the rows this step uses: token 0, position 0, slot -1,
+  // null blocks, seq_len 0, greedy sampling.
+  std::fill_n(st.ids, rows, 0);
+  std::fill_n(st.positions, rows, 0);
+  std::fill_n(st.slots, rows, int64_t{-1});
+  std::fill_n(st.block_table, static_cast<size_t>(seqs) * max_blocks_per_seq_, 0);
+  std::fill_n(st.seq_lens, seqs, 0);
+  std::fill_n(st.qsl, seqs + 1, 0);
+  std::fill_n(st.logits_idx, seqs, 0);
+  std::fill_n(st.temperature, seqs, 0.0f);
+  std::fill_n(st.top_k, seqs, 0);
+  std::fill_n(st.top_p, seqs, 1.0f);
+  std::fill_n(st.seeds, seqs, int64_t{0});
+  std::fill_n(st.steps, seqs, int64_t{0});
+  return st;
 }
 
-}  // namespace
-
-absl::Status ModelRunner::UploadStaging(const Staging& st) {
-  MLAG_RETURN_IF_ERROR(Upload(*device_, input_ids_, st.ids));
-  MLAG_RETURN_IF_ERROR(Upload(*device_, positions_, st.positions));
-  MLAG_RETURN_IF_ERROR(Upload(*device_, slot_mapping_, st.slots));
-  MLAG_RETURN_IF_ERROR(Upload(*device_, block_table_, st.block_table));
-  MLAG_RETURN_IF_ERROR(Upload(*device_, seq_lens_, st.seq_lens));
-  MLAG_RETURN_IF_ERROR(Upload(*device_, query_start_loc_, st.qsl));
-  MLAG_RETURN_IF_ERROR(Upload(*device_, logits_indices_, st.logits_idx));
-  MLAG_RETURN_IF_ERROR(Upload(*device_, temperature_, st.temperature));
-  MLAG_RETURN_IF_ERROR(Upload(*device_, top_k_, st.top_k));
-  MLAG_RETURN_IF_ERROR(Upload(*device_, top_p_, st.top_p));
-  MLAG_RETURN_IF_ERROR(Upload(*device_, seeds_, st.seeds));
-  return Upload(*device_, steps_, st.steps);
+absl::Status ModelRunner::UploadStaging() {
+  upload_pending_ = true;
+  return stream_->CopyFromHost(inputs_.data(), staging_.data(), inputs_.bytes());
 }
 
 absl::Status ModelRunner::FillDummy(const StepPlan& plan) {
   const int rows = plan.rows;
   const int seqs = plan.decode ? rows : 1;
-  Staging st;
-  st.Resize(rows, seqs, max_blocks_per_seq_);
+  Staging st = BeginStaging(rows, seqs);
   if (plan.decode) {
     for (int i = 0; i < rows; ++i) {
       st.qsl[i + 1] = i + 1;
       st.logits_idx[i] = i;
     }
   }  // else one empty sequence: qsl = [0, 0], every token row belongs to none
-  return UploadStaging(st);
+  return UploadStaging();
 }
 
 absl::Status ModelRunner::DummyStep(const StepPlan& plan) {
@@ -325,8 +349,7 @@ absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> s
   const int seq_rows = plan.decode ? plan.rows : B;
   const int padded = replay ? plan.rows : 0;
 
-  Staging st;
-  st.Resize(rows, seq_rows, max_blocks_per_seq_);
+  Staging st = BeginStaging(rows, seq_rows);
   const int bs = config_.block_size, mb = max_blocks_per_seq_;
   int t = 0;
   for (int b = 0; b < B; ++b) {
@@ -346,7 +369,7 @@ absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> s
       st.positions[t] = pos;
       st.slots[t] = int64_t{s.block_table[pos / bs]} * bs + pos % bs;
     }
-    std::copy(s.block_table.begin(), s.block_table.end(), st.block_table.begin() + int64_t{b} * mb);
+    std::copy(s.block_table.begin(), s.block_table.end(), st.block_table + int64_t{b} * mb);
     st.seq_lens[b] = end;
     st.qsl[b + 1] = t;
     st.logits_idx[b] = t - 1;
@@ -362,7 +385,7 @@ absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> s
     st.qsl[b + 1] = st.qsl[b] + 1;
     st.logits_idx[b] = st.qsl[b];
   }
-  MLAG_RETURN_IF_ERROR(UploadStaging(st));
+  MLAG_RETURN_IF_ERROR(UploadStaging());
 
   StepResult result;
   result.replayed = replay;
@@ -375,9 +398,10 @@ absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> s
     MLAG_RETURN_IF_ERROR(RunOps(Metadata(rows, seq_rows, plan.decode)));
     ++stats_.eager_steps;
   }
+  const int32_t* sampled = static_cast<const int32_t*>(sampled_host_.data());
+  MLAG_RETURN_IF_ERROR(stream_->CopyToHost(sampled_host_.data(), sampled_.data(), B * sizeof(int32_t)));
   MLAG_RETURN_IF_ERROR(stream_->Synchronize());
-  std::vector<int32_t> sampled(B);
-  MLAG_RETURN_IF_ERROR(device_->CopyToHost(sampled.data(), sampled_.data(), B * sizeof(int32_t)));
+  upload_pending_ = false;
   result.tokens.assign(B, -1);
   result.logprobs.resize(B);
   const int V = model_->config().vocab_size;
@@ -390,9 +414,9 @@ absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> s
     if (k <= 0) continue;
     // Top-k log-probabilities of the model's distribution at this position.
     row.resize(V);
-    MLAG_RETURN_IF_ERROR(device_->CopyToHost(
+    MLAG_RETURN_IF_ERROR(stream_->CopyToHost(
         row.data(), static_cast<const float*>(model_->logits(seq_rows).data()) + int64_t{b} * V,
-        V * sizeof(float)));
+        V * sizeof(float)));  // into pageable memory: returns with the data
     top_tokens.resize(k);
     top_logprobs.resize(k);
     const int n = host::TopLogprobs(row.data(), V, k, top_tokens.data(), top_logprobs.data());

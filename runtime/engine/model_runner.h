@@ -161,10 +161,23 @@ class ModelRunner {
   absl::Status Init(ModelSource& source);
   // Metadata over the first `rows` rows of the static buffers.
   AttentionMetadata Metadata(int num_tokens, int num_seqs, bool decode_only) const;
-  // Host-side values of every static input buffer (defined in the .cc).
-  struct Staging;
-  // Copies a staging into the static buffers.
-  absl::Status UploadStaging(const Staging& st);
+  // The static inputs of one step, written in the pinned staging buffer.
+  struct Staging {
+    int32_t *ids, *positions, *block_table, *seq_lens, *qsl, *logits_idx, *top_k;
+    int64_t *slots, *seeds, *steps;
+    float *temperature, *top_p;
+  };
+  // Views of the staging buffer, one per static input buffer.
+  struct StagedInputs {
+    Tensor input_ids, positions, slot_mapping, block_table, seq_lens, query_start_loc,
+        logits_indices, temperature, top_k, top_p, seeds, steps;
+  };
+  // The staging buffer, with dummy values in `rows` token rows and `seqs`
+  // sequence rows; waits for the previous upload from it first.
+  Staging BeginStaging(int rows, int seqs);
+  // Copies the staging buffer into the static buffers (one async copy on
+  // the runner's stream).
+  absl::Status UploadStaging();
   // Writes a dummy step of `plan` into the static buffers.
   absl::Status FillDummy(const StepPlan& plan);
   // Forward + sampling on the static buffers (eager or recorded).
@@ -182,6 +195,11 @@ class ModelRunner {
   int max_blocks_per_seq_ = 0;
   std::vector<Buffer> buffers_;
   std::vector<Tensor> kv_caches_;   // per layer [num_blocks, block_size, row]
+  Buffer inputs_;                   // the static input buffers, on the device
+  Buffer staging_;                  // pinned host memory of the same layout
+  StagedInputs staged_;
+  bool upload_pending_ = false;     // an upload from staging_ may still be queued
+  Buffer sampled_host_;             // pinned [max_seq_rows] i32: the sampled tokens
   // Static input buffers.
   Tensor input_ids_, positions_, slot_mapping_;                       // [max_rows]
   Tensor block_table_, seq_lens_, query_start_loc_, logits_indices_;  // per sequence
