@@ -20,9 +20,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "runtime/core/stream.h"
 #include "runtime/core/tensor.h"
 
@@ -42,6 +44,18 @@ class Communicator {
   // recv = concat over ranks of send, in rank order. send: any contiguous
   // tensor; recv: contiguous, size() times as many elements, same dtype.
   virtual absl::Status AllGather(Stream& stream, const Tensor& send, const Tensor& recv) = 0;
+
+  // Several all-gathers issued as one (e.g. the MoE dispatch's tokens, expert
+  // ids and weights): nccl issues them in one NCCL group, the host backends
+  // one after another. Each pair is (send, recv) as for AllGather.
+  virtual absl::Status AllGatherMany(Stream& stream,
+                                     absl::Span<const std::pair<Tensor, Tensor>> send_recv) {
+    for (const auto& [send, recv] : send_recv) {
+      absl::Status s = AllGather(stream, send, recv);
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
 
   // recv = this rank's slice of the element-wise sum over ranks of send.
   // send: contiguous, size() * recv.numel() elements (rank r's slice is
@@ -65,6 +79,11 @@ class Communicator {
   // Host-side all-reduce of one integer, for control decisions such as the
   // padded batch size of a step (no stream, no graph node).
   virtual absl::StatusOr<int64_t> AllReduceScalar(int64_t value, ReduceOp op) = 0;
+
+  // OK unless the communicator failed asynchronously (nccl: an error
+  // reported by ncclCommGetAsyncError): polled by whoever waits on work
+  // that uses it (a stream watchdog), so a failed peer surfaces at once.
+  virtual absl::Status Health() { return absl::OkStatus(); }
 
   // Makes the group's collectives fail with an Aborted error carrying
   // `reason`, on every rank: those waiting now and all later ones. For a

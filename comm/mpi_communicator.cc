@@ -9,6 +9,7 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +17,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "comm/check.h"
 #include "runtime/core/status.h"
 
@@ -35,6 +38,29 @@ absl::Status MpiStatus(int code, const char* call) {
 
 // Calls an MPI function and returns a Status naming it on failure.
 #define MLAG_MPI_CALL(fn, ...) MLAG_RETURN_IF_ERROR(MpiStatus(fn(__VA_ARGS__), #fn))
+
+// Waits for a nonblocking MPI operation for at most `timeout` (polling with
+// a backoff from 20 us to 1 ms): every blocking call of this backend is a
+// nonblocking one and this wait, so a dead or hung peer becomes
+// DeadlineExceeded naming the operation instead of a hang. The operation
+// stays pending after a timeout: the communicator is then unusable (abort it).
+absl::Status WaitFor(MPI_Request* request, MPI_Status* status, absl::string_view op, int rank,
+                     absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration pause = absl::Microseconds(20);
+  for (;;) {
+    int done = 0;
+    MLAG_MPI_CALL(MPI_Test, request, &done, status);
+    if (done) return absl::OkStatus();
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "mpi rank ", rank, ": ", op, " did not complete within ", absl::FormatDuration(timeout),
+          ": a peer is dead or hung"));
+    }
+    absl::SleepFor(pause);
+    pause = std::min(pause * 2, absl::Milliseconds(1));
+  }
+}
 
 // Finalises MPI at exit when World() initialised it and Finalize() was not
 // called.
@@ -83,6 +109,13 @@ absl::Status CheckCount(absl::string_view op, size_t count) {
 
 struct MpiCommunicator::Handle {
   MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0;
+  absl::Duration timeout = absl::Seconds(60);
+  // Waits for `request` of operation `op` within the timeout.
+  absl::Status Wait(MPI_Request* request, absl::string_view op, MPI_Status* status = nullptr) const {
+    MPI_Status ignored;
+    return WaitFor(request, status != nullptr ? status : &ignored, op, rank, timeout);
+  }
   ~Handle() {
     // MPI_Comm_free after MPI_Finalize is erroneous: then there is nothing to free.
     if (comm != MPI_COMM_NULL && !MpiFinalized()) MPI_Comm_free(&comm);
@@ -99,7 +132,10 @@ bool MpiCommunicator::LaunchedByMpirun() {
          std::getenv("PMIX_RANK") != nullptr;
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::World() {
+absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::World(absl::Duration timeout) {
+  if (timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("MpiCommunicator::World: the timeout must be positive");
+  }
   int initialized = 0;
   MLAG_MPI_CALL(MPI_Initialized, &initialized);
   if (MpiFinalized()) {
@@ -119,6 +155,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::World() {
   int size = 0;
   MLAG_MPI_CALL(MPI_Comm_rank, handle->comm, &rank);
   MLAG_MPI_CALL(MPI_Comm_size, handle->comm, &size);
+  handle->rank = rank;
+  handle->timeout = timeout;
   return std::unique_ptr<Communicator>(new MpiCommunicator(std::move(handle), rank, size));
 }
 
@@ -140,9 +178,10 @@ absl::Status MpiCommunicator::AllGather(Stream& stream, const Tensor& send, cons
   return stream.LaunchHost(ci::kAllGatherName, OpKind::kComm,
                            [handle = handle_, send, recv, in_place]() -> absl::Status {
     const int bytes = static_cast<int>(send.nbytes());
-    MLAG_MPI_CALL(MPI_Allgather, in_place ? MPI_IN_PLACE : send.data(), bytes, MPI_BYTE,
-                  recv.data(), bytes, MPI_BYTE, handle->comm);
-    return absl::OkStatus();
+    MPI_Request request;
+    MLAG_MPI_CALL(MPI_Iallgather, in_place ? MPI_IN_PLACE : send.data(), bytes, MPI_BYTE,
+                  recv.data(), bytes, MPI_BYTE, handle->comm, &request);
+    return handle->Wait(&request, ci::kAllGatherName);
   });
 }
 
@@ -161,8 +200,10 @@ absl::Status MpiCommunicator::ReduceScatter(Stream& stream, const Tensor& send,
   return stream.LaunchHost(ci::kReduceScatterName, OpKind::kComm,
                            [handle = handle_, send, recv, scratch]() -> absl::Status {
     void* out = scratch ? static_cast<void*>(scratch->data()) : recv.data();
-    MLAG_MPI_CALL(MPI_Reduce_scatter_block, send.data(), out, static_cast<int>(recv.numel()),
-                  MpiType(recv.dtype()), MPI_SUM, handle->comm);
+    MPI_Request request;
+    MLAG_MPI_CALL(MPI_Ireduce_scatter_block, send.data(), out, static_cast<int>(recv.numel()),
+                  MpiType(recv.dtype()), MPI_SUM, handle->comm, &request);
+    MLAG_RETURN_IF_ERROR(handle->Wait(&request, ci::kReduceScatterName));
     if (scratch) std::memcpy(recv.data(), out, recv.nbytes());
     return absl::OkStatus();
   });
@@ -176,10 +217,11 @@ absl::Status MpiCommunicator::AllReduce(Stream& stream, const Tensor& send, cons
   const bool in_place = send.data() == recv.data();
   return stream.LaunchHost(ci::kAllReduceName, OpKind::kComm,
                            [handle = handle_, send, recv, op, in_place]() -> absl::Status {
-    MLAG_MPI_CALL(MPI_Allreduce, in_place ? MPI_IN_PLACE : send.data(), recv.data(),
+    MPI_Request request;
+    MLAG_MPI_CALL(MPI_Iallreduce, in_place ? MPI_IN_PLACE : send.data(), recv.data(),
                   static_cast<int>(recv.numel()), MpiType(recv.dtype()), MpiOp(op),
-                  handle->comm);
-    return absl::OkStatus();
+                  handle->comm, &request);
+    return handle->Wait(&request, ci::kAllReduceName);
   });
 }
 
@@ -189,9 +231,10 @@ absl::Status MpiCommunicator::Broadcast(Stream& stream, const Tensor& buffer, in
   MLAG_RETURN_IF_ERROR(CheckCount(ci::kBroadcastName, buffer.nbytes()));
   return stream.LaunchHost(ci::kBroadcastName, OpKind::kComm,
                            [handle = handle_, buffer, root]() -> absl::Status {
-    MLAG_MPI_CALL(MPI_Bcast, buffer.data(), static_cast<int>(buffer.nbytes()), MPI_BYTE, root,
-                  handle->comm);
-    return absl::OkStatus();
+    MPI_Request request;
+    MLAG_MPI_CALL(MPI_Ibcast, buffer.data(), static_cast<int>(buffer.nbytes()), MPI_BYTE, root,
+                  handle->comm, &request);
+    return handle->Wait(&request, ci::kBroadcastName);
   });
 }
 
@@ -205,9 +248,10 @@ absl::Status MpiCommunicator::Send(Stream& stream, const Tensor& buffer, int pee
   MLAG_RETURN_IF_ERROR(CheckCount(ci::kSendName, buffer.nbytes()));
   return stream.LaunchHost(ci::kSendName, OpKind::kComm,
                            [handle = handle_, buffer, peer]() -> absl::Status {
-    MLAG_MPI_CALL(MPI_Send, buffer.data(), static_cast<int>(buffer.nbytes()), MPI_BYTE, peer,
-                  kPointToPointTag, handle->comm);
-    return absl::OkStatus();
+    MPI_Request request;
+    MLAG_MPI_CALL(MPI_Isend, buffer.data(), static_cast<int>(buffer.nbytes()), MPI_BYTE, peer,
+                  kPointToPointTag, handle->comm, &request);
+    return handle->Wait(&request, ci::kSendName);
   });
 }
 
@@ -218,8 +262,10 @@ absl::Status MpiCommunicator::Recv(Stream& stream, const Tensor& buffer, int pee
   return stream.LaunchHost(ci::kRecvName, OpKind::kComm,
                            [handle = handle_, buffer, peer]() -> absl::Status {
     MPI_Status status;
-    MLAG_MPI_CALL(MPI_Recv, buffer.data(), static_cast<int>(buffer.nbytes()), MPI_BYTE, peer,
-                  kPointToPointTag, handle->comm, &status);
+    MPI_Request request;
+    MLAG_MPI_CALL(MPI_Irecv, buffer.data(), static_cast<int>(buffer.nbytes()), MPI_BYTE, peer,
+                  kPointToPointTag, handle->comm, &request);
+    MLAG_RETURN_IF_ERROR(handle->Wait(&request, ci::kRecvName, &status));
     int received = 0;
     MLAG_MPI_CALL(MPI_Get_count, &status, MPI_BYTE, &received);
     if (static_cast<size_t>(received) != buffer.nbytes()) {
@@ -232,13 +278,17 @@ absl::Status MpiCommunicator::Recv(Stream& stream, const Tensor& buffer, int pee
 }
 
 absl::Status MpiCommunicator::Barrier() {
-  MLAG_MPI_CALL(MPI_Barrier, handle_->comm);
-  return absl::OkStatus();
+  MPI_Request request;
+  MLAG_MPI_CALL(MPI_Ibarrier, handle_->comm, &request);
+  return handle_->Wait(&request, "barrier");
 }
 
 absl::StatusOr<int64_t> MpiCommunicator::AllReduceScalar(int64_t value, ReduceOp op) {
   int64_t result = 0;
-  MLAG_MPI_CALL(MPI_Allreduce, &value, &result, 1, MPI_INT64_T, MpiOp(op), handle_->comm);
+  MPI_Request request;
+  MLAG_MPI_CALL(MPI_Iallreduce, &value, &result, 1, MPI_INT64_T, MpiOp(op), handle_->comm,
+                &request);
+  MLAG_RETURN_IF_ERROR(handle_->Wait(&request, "all_reduce_scalar"));
   return result;
 }
 
@@ -261,6 +311,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Split(int color, 
   int size = 0;
   MLAG_MPI_CALL(MPI_Comm_rank, handle->comm, &rank);
   MLAG_MPI_CALL(MPI_Comm_size, handle->comm, &size);
+  handle->rank = rank;
+  handle->timeout = handle_->timeout;
   return std::unique_ptr<Communicator>(new MpiCommunicator(std::move(handle), rank, size));
 }
 

@@ -11,7 +11,8 @@
 // host graph and replayed (every rank replays in lockstep); a captured graph
 // keeps the communicator's MPI_Comm alive (until MPI is finalised). Every MPI
 // call is checked: a failure returns Internal naming the call and
-// MPI_Error_string's text (the communicators use MPI_ERRORS_RETURN).
+// MPI_Error_string's text (the communicators use MPI_ERRORS_RETURN). Every
+// wait for peers is bounded by the world's timeout.
 //
 // Example:
 //   MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, MpiCommunicator::World());
@@ -20,6 +21,7 @@
 
 #include <memory>
 
+#include "absl/time/time.h"
 #include "comm/communicator.h"
 
 namespace mlag {
@@ -27,8 +29,11 @@ namespace mlag {
 class MpiCommunicator final : public Communicator {
  public:
   // All ranks of the mpirun job, as a new communicator (collective: every
-  // rank calls it). Initialises MPI when nobody has yet.
-  static absl::StatusOr<std::unique_ptr<Communicator>> World();
+  // rank calls it). Initialises MPI when nobody has yet. Every operation
+  // waits for its peers at most `timeout` (then DeadlineExceeded naming it:
+  // a peer is dead or hung); communicators split from it inherit it.
+  static absl::StatusOr<std::unique_ptr<Communicator>> World(
+      absl::Duration timeout = absl::Seconds(60));
 
   // Finalises MPI if it is initialised and not yet finalised. Destroy every
   // MpiCommunicator first. After this no communicator can be created again.

@@ -169,9 +169,9 @@ absl::Status Moe::Forward(Stream& stream, const ActivationBuffers& acts, const T
     }
     {
       NodeScope s(stream, Node("dispatch"), OpKind::kComm);
-      MLAG_RETURN_IF_ERROR(ep->AllGather(stream, x, x_all));
-      MLAG_RETURN_IF_ERROR(ep->AllGather(stream, ids, ids_all));
-      MLAG_RETURN_IF_ERROR(ep->AllGather(stream, weights, weights_all));
+      const std::pair<Tensor, Tensor> gathers[] = {
+          {x, x_all}, {ids, ids_all}, {weights, weights_all}};
+      MLAG_RETURN_IF_ERROR(ep->AllGatherMany(stream, gathers));
     }
     {
       NodeScope s(stream, Node("experts"), OpKind::kGemm);
