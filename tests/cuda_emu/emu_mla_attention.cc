@@ -1,4 +1,0 @@
-// kernels/cuda/mla_attention.cu, kernels and launchers, compiled as C++ for the CPU
-// emulation (kernels/cuda/emulation/cuda_emulation.h).
-#define MLAG_CUDA_EMULATION 1
-#include "kernels/cuda/mla_attention.cu"

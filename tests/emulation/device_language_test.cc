@@ -1,0 +1,86 @@
+// The emulated device language (kernels/cuda/emulation/cuda_emulation.h)
+// checked against what a GPU does: the tensor-core mma, as the MLA decode
+// kernel reaches it through MmaBf16, follows the PTX ISA's fragment layout;
+// threads waiting at barriers no other live thread reaches are reported as a
+// deadlock instead of hanging.
+//
+// Built only with -Demulate_cuda=true; the kernels below compile against the
+// emulation's device language like kernels/cuda/*.cu and run asynchronously
+// on the emulated legacy stream, so they write to device memory from
+// cudaMalloc (a host pointer argument faults).
+#include <cstdint>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_api.cuh"
+#include "kernels/cuda/mla_decode_mma.cuh"
+
+namespace {
+
+#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+// One warp: D = A B + 0 with A = identity (16 x 16) and B[k][n] = k * 8 + n
+// (exact in bf16), each lane's four D registers to out[lane * 4 + r].
+__global__ void MmaIdentityKernel(float* out) {
+  const int lane = static_cast<int>(threadIdx.x);
+  const int g = lane >> 2, t = lane & 3;
+  auto bf = [](float x) { return static_cast<uint32_t>(mlag::F32ToBf16(x)); };
+  auto a_at = [](int r, int c) { return r == c ? 1.0f : 0.0f; };
+  auto b_at = [](int k, int n) { return static_cast<float>(k * 8 + n); };
+  // The A and B fragments of the PTX ISA's m16n8k16 layout, low half first.
+  const uint32_t a[4] = {bf(a_at(g, 2 * t)) | bf(a_at(g, 2 * t + 1)) << 16,
+                         bf(a_at(g + 8, 2 * t)) | bf(a_at(g + 8, 2 * t + 1)) << 16,
+                         bf(a_at(g, 2 * t + 8)) | bf(a_at(g, 2 * t + 9)) << 16,
+                         bf(a_at(g + 8, 2 * t + 8)) | bf(a_at(g + 8, 2 * t + 9)) << 16};
+  const uint32_t b0 = bf(b_at(2 * t, g)) | bf(b_at(2 * t + 1, g)) << 16;
+  const uint32_t b1 = bf(b_at(2 * t + 8, g)) | bf(b_at(2 * t + 9, g)) << 16;
+  float d[4] = {0, 0, 0, 0};
+  mlag::cuda::mla_block::MmaBf16(d, a, b0, b1);
+  for (int r = 0; r < 4; ++r) out[lane * 4 + r] = d[r];
+}
+
+// D = B's 16 x 8 in the C layout, for every lane: a wrong fragment mapping
+// (say b0 and b1 exchanged) gives a different product.
+TEST(CudaEmulationTest, MmaFollowsThePtxLayout) {
+  CUDA_OK(cudaSetDevice(0));
+  void* d_out = nullptr;
+  CUDA_OK(cudaMalloc(&d_out, 32 * 4 * sizeof(float)));
+  MLAG_LAUNCH(MmaIdentityKernel, 1, 32, 0, nullptr)(static_cast<float*>(d_out));
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<float> got(32 * 4);
+  CUDA_OK(cudaMemcpy(got.data(), d_out, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaFree(d_out));
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane >> 2, t = lane & 3;
+    EXPECT_EQ(got[lane * 4 + 0], g * 8 + 2 * t) << lane;
+    EXPECT_EQ(got[lane * 4 + 1], g * 8 + 2 * t + 1) << lane;
+    EXPECT_EQ(got[lane * 4 + 2], (g + 8) * 8 + 2 * t) << lane;
+    EXPECT_EQ(got[lane * 4 + 3], (g + 8) * 8 + 2 * t + 1) << lane;
+  }
+}
+
+// Half a warp in a shuffle, the other half at __syncthreads: neither barrier
+// can complete.
+__global__ void MismatchedBarriersKernel(float* out) {
+  if (threadIdx.x < 16) {
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+  } else {
+    __syncthreads();
+  }
+}
+
+TEST(CudaEmulationDeathTest, MismatchedBarriersAreReported) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto run = [] {
+    void* d_out = nullptr;
+    if (cudaSetDevice(0) != cudaSuccess || cudaMalloc(&d_out, 32 * sizeof(float)) != cudaSuccess) {
+      return;  // no deadlock report: the death test fails
+    }
+    MLAG_LAUNCH(MismatchedBarriersKernel, 1, 32, 0, nullptr)(static_cast<float*>(d_out));
+    cudaDeviceSynchronize();
+  };
+  EXPECT_DEATH(run(), "deadlock");
+}
+
+}  // namespace
