@@ -2,10 +2,12 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "comm/check.h"
 #include "runtime/core/cuda_status.h"
 #include "runtime/core/device.h"
@@ -79,6 +81,7 @@ struct NcclCommunicator::Handle {
   ncclComm_t comm = nullptr;      // nullptr after Abort
   absl::Status aborted;           // what every call returns after Abort
   int device = -1;
+  absl::Duration timeout = absl::Seconds(60);
   cudaStream_t stream = nullptr;  // Barrier / AllReduceScalar
   int64_t* scalar = nullptr;      // one device element for them
 
@@ -100,10 +103,12 @@ NcclCommunicator::~NcclCommunicator() = default;
 int NcclCommunicator::device() const { return handle_->device; }
 ncclComm_t NcclCommunicator::native() const { return handle_->comm; }
 
-absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Wrap(ncclComm_t comm, int device) {
+absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Wrap(ncclComm_t comm, int device,
+                                                                    absl::Duration timeout) {
   auto handle = std::make_unique<Handle>();
   handle->comm = comm;
   handle->device = device;
+  handle->timeout = timeout;
   ScopedDevice scoped;
   MLAG_RETURN_IF_ERROR(scoped.Enter(device));
   MLAG_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&handle->stream, cudaStreamNonBlocking));
@@ -127,7 +132,8 @@ absl::StatusOr<ncclUniqueId> NcclCommunicator::NewUniqueId() {
 
 absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Create(int rank, int size,
                                                                        const ncclUniqueId& id,
-                                                                       int device) {
+                                                                       int device,
+                                                                       absl::Duration timeout) {
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(
         absl::StrCat("NcclCommunicator::Create: rank ", rank, " of size ", size));
@@ -136,11 +142,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Create(int rank,
   MLAG_RETURN_IF_ERROR(scoped.Enter(device));
   ncclComm_t comm = nullptr;
   MLAG_NCCL_CALL(ncclCommInitRank, &comm, size, id, rank);
-  return Wrap(comm, device);
+  return Wrap(comm, device, timeout);
 }
 
 absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> NcclCommunicator::InitAll(
-    std::vector<int> devices) {
+    std::vector<int> devices, absl::Duration timeout) {
   if (devices.empty()) {
     return absl::InvalidArgumentError("NcclCommunicator::InitAll: no devices");
   }
@@ -155,7 +161,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> NcclCommunicator::Ini
       ncclCommDestroy(comms[i]);
       continue;
     }
-    absl::StatusOr<std::unique_ptr<Communicator>> c = Wrap(comms[i], devices[i]);
+    absl::StatusOr<std::unique_ptr<Communicator>> c = Wrap(comms[i], devices[i], timeout);
     if (c.ok()) {
       out.push_back(std::move(c).value());
     } else {
@@ -166,8 +172,8 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> NcclCommunicator::Ini
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::CreateOverMpi(Communicator& world,
-                                                                              int device) {
+absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::CreateOverMpi(
+    Communicator& world, int device, absl::Duration timeout) {
   ncclUniqueId id{};
   if (world.rank() == 0) {
     MLAG_ASSIGN_OR_RETURN(id, NewUniqueId());
@@ -177,7 +183,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::CreateOverMpi(Co
   MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, Stream::Create(host.get()));
   Tensor id_bytes(&id, DType::kU8, {static_cast<int64_t>(sizeof(id))});
   MLAG_RETURN_IF_ERROR(world.Broadcast(*stream, id_bytes, 0));
-  return Create(world.rank(), world.size(), id, device);
+  return Create(world.rank(), world.size(), id, device, timeout);
 }
 
 absl::Status NcclCommunicator::CheckStream(absl::string_view op, const Stream& stream) const {
@@ -221,6 +227,27 @@ absl::Status NcclCommunicator::AllGather(Stream& stream, const Tensor& send, con
                  [&](cudaStream_t s) {
                    return ncclAllGather(send.data(), recv.data(), send.nbytes(), ncclUint8, comm,
                                         s);
+                 });
+}
+
+absl::Status NcclCommunicator::AllGatherMany(
+    Stream& stream, absl::Span<const std::pair<Tensor, Tensor>> send_recv) {
+  MLAG_RETURN_IF_ERROR(CheckStream(ci::kAllGatherName, stream));
+  for (const auto& [send, recv] : send_recv) {
+    MLAG_RETURN_IF_ERROR(ci::CheckAllGather(ci::kAllGatherName, stream, send, recv, rank_, size_));
+  }
+  ncclComm_t comm = handle_->comm;
+  return Enqueue(stream, ci::kAllGatherName, "ncclAllGather (group)", handle_->device,
+                 [&](cudaStream_t s) {
+                   ncclResult_t r = ncclGroupStart();
+                   for (const auto& [send, recv] : send_recv) {
+                     if (r != ncclSuccess) break;
+                     r = ncclAllGather(send.data(), recv.data(), send.nbytes(), ncclUint8, comm, s);
+                   }
+                   // The group is closed even after a failed call, so it does
+                   // not swallow the caller's next operations.
+                   const ncclResult_t ended = ncclGroupEnd();
+                   return r != ncclSuccess ? r : ended;
                  });
 }
 
@@ -280,6 +307,24 @@ absl::Status NcclCommunicator::Recv(Stream& stream, const Tensor& buffer, int pe
   });
 }
 
+absl::Status NcclCommunicator::WaitInternal(absl::string_view op) {
+  const absl::Time deadline = absl::Now() + handle_->timeout;
+  absl::Duration pause = absl::Microseconds(20);
+  for (;;) {
+    const cudaError_t e = cudaStreamQuery(handle_->stream);
+    if (e == cudaSuccess) return absl::OkStatus();
+    if (e != cudaErrorNotReady) return CudaStatus(e, "cudaStreamQuery", MLAG_WHERE_);
+    MLAG_RETURN_IF_ERROR(Health());
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "nccl rank ", rank_, " of ", size_, ": ", op, " did not complete within ",
+          absl::FormatDuration(handle_->timeout), ": a peer is dead or hung"));
+    }
+    absl::SleepFor(pause);
+    pause = std::min(pause * 2, absl::Milliseconds(1));
+  }
+}
+
 absl::Status NcclCommunicator::Barrier() {
   MLAG_RETURN_IF_ERROR(handle_->aborted);
   // A one-element all-reduce every rank must join, then wait for it.
@@ -287,23 +332,35 @@ absl::Status NcclCommunicator::Barrier() {
   MLAG_RETURN_IF_ERROR(scoped.Enter(handle_->device));
   MLAG_NCCL_CALL(ncclAllReduce, handle_->scalar, handle_->scalar, 1, ncclInt64, ncclSum,
                  handle_->comm, handle_->stream);
-  MLAG_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(handle_->stream));
-  return absl::OkStatus();
+  return WaitInternal("barrier");
 }
 
 absl::StatusOr<int64_t> NcclCommunicator::AllReduceScalar(int64_t value, ReduceOp op) {
   MLAG_RETURN_IF_ERROR(handle_->aborted);
   ScopedDevice scoped;
   MLAG_RETURN_IF_ERROR(scoped.Enter(handle_->device));
-  int64_t result = 0;
+  // Pageable host memory: cudaMemcpyAsync stages `value` at the call, and
+  // the copy back returns only once `result` holds the data; the wait in
+  // between is bounded.
   MLAG_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(handle_->scalar, &value, sizeof(value),
                                             cudaMemcpyHostToDevice, handle_->stream));
   MLAG_NCCL_CALL(ncclAllReduce, handle_->scalar, handle_->scalar, 1, ncclInt64, NcclOp(op),
                  handle_->comm, handle_->stream);
+  MLAG_RETURN_IF_ERROR(WaitInternal("all_reduce_scalar"));
+  int64_t result = 0;
   MLAG_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&result, handle_->scalar, sizeof(result),
                                             cudaMemcpyDeviceToHost, handle_->stream));
-  MLAG_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(handle_->stream));
   return result;
+}
+
+absl::Status NcclCommunicator::Health() {
+  MLAG_RETURN_IF_ERROR(handle_->aborted);
+  ncclResult_t async = ncclSuccess;
+  MLAG_NCCL_CALL(ncclCommGetAsyncError, handle_->comm, &async);
+  if (async != ncclSuccess) {
+    return NcclStatus(async, "a collective (ncclCommGetAsyncError)", handle_->comm);
+  }
+  return absl::OkStatus();
 }
 
 void NcclCommunicator::Abort(const absl::Status& reason) {
@@ -329,7 +386,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Split(int color,
   MLAG_NCCL_CALL(ncclCommSplit, handle_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &comm,
                  nullptr);
   if (comm == nullptr) return std::unique_ptr<Communicator>();
-  return Wrap(comm, handle_->device);
+  return Wrap(comm, handle_->device, handle_->timeout);
 }
 
 }  // namespace mlag

@@ -18,13 +18,16 @@
 // capture they become nodes of the CUDA graph. A graph captured with a
 // communicator must not be replayed after the communicator is destroyed.
 // Barrier and AllReduceScalar run a one-element all-reduce on an internal
-// stream and wait for it. Split uses ncclCommSplit. Every NCCL and CUDA call is
+// stream and wait for it, at most the communicator's timeout, polling
+// ncclCommGetAsyncError: a dead or hung peer gives DeadlineExceeded.
+// Split uses ncclCommSplit. Every NCCL and CUDA call is
 // checked: a failure returns a Status naming the call and ncclGetErrorString's
 // text (InvalidArgument for NCCL's invalid argument / usage, else Internal).
 //
 // Send and Recv are enqueued one at a time (no ncclGroupStart/End): a send
 // waits on the GPU for the peer's matching recv, so pair them without cycles
-// (e.g. even ranks send first, odd ranks receive first).
+// (e.g. even ranks send first, odd ranks receive first). AllGatherMany is one
+// NCCL group.
 //
 // The communicator makes its device current for each call and restores the
 // caller's current device afterwards. Streams passed to it must be on its
@@ -34,8 +37,10 @@
 #include <nccl.h>
 
 #include <memory>
+#include <utility>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "comm/communicator.h"
 
 namespace mlag {
@@ -46,20 +51,22 @@ class NcclCommunicator final : public Communicator {
   static absl::StatusOr<ncclUniqueId> NewUniqueId();
 
   // Rank `rank` of `size` on CUDA device `device` (ncclCommInitRank).
-  static absl::StatusOr<std::unique_ptr<Communicator>> Create(int rank, int size,
-                                                              const ncclUniqueId& id,
-                                                              int device);
+  // `timeout` bounds the host-side waits (Barrier, AllReduceScalar); split
+  // communicators inherit it.
+  static absl::StatusOr<std::unique_ptr<Communicator>> Create(
+      int rank, int size, const ncclUniqueId& id, int device,
+      absl::Duration timeout = absl::Seconds(60));
 
   // One communicator per entry of `devices` (ncclCommInitAll), rank i on
   // devices[i], for a single process driving several GPUs.
   static absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> InitAll(
-      std::vector<int> devices);
+      std::vector<int> devices, absl::Duration timeout = absl::Seconds(60));
 
   // Bootstraps over a host communicator (mpi, or local): rank 0 of `world`
   // calls ncclGetUniqueId, broadcasts it, and every rank joins with its rank
   // and size in `world`, on CUDA device `device`. Collective over `world`.
-  static absl::StatusOr<std::unique_ptr<Communicator>> CreateOverMpi(Communicator& world,
-                                                                     int device);
+  static absl::StatusOr<std::unique_ptr<Communicator>> CreateOverMpi(
+      Communicator& world, int device, absl::Duration timeout = absl::Seconds(60));
 
   ~NcclCommunicator() override;
 
@@ -72,6 +79,9 @@ class NcclCommunicator final : public Communicator {
   absl::string_view backend() const override { return "nccl"; }
 
   absl::Status AllGather(Stream& stream, const Tensor& send, const Tensor& recv) override;
+  // One NCCL group of all-gathers: a single graph node when captured.
+  absl::Status AllGatherMany(Stream& stream,
+                             absl::Span<const std::pair<Tensor, Tensor>> send_recv) override;
   absl::Status ReduceScatter(Stream& stream, const Tensor& send, const Tensor& recv) override;
   absl::Status AllReduce(Stream& stream, const Tensor& send, const Tensor& recv,
                          ReduceOp op) override;
@@ -81,6 +91,8 @@ class NcclCommunicator final : public Communicator {
   absl::Status Barrier() override;
   absl::StatusOr<int64_t> AllReduceScalar(int64_t value, ReduceOp op) override;
   absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override;
+  // An error once ncclCommGetAsyncError reports one (or after Abort).
+  absl::Status Health() override;
   void Abort(const absl::Status& reason) override;
 
  private:
@@ -89,7 +101,11 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(std::unique_ptr<Handle> handle, int rank, int size);
   // Takes ownership of `comm` (destroyed on failure too) and builds the
   // communicator around it on `device`.
-  static absl::StatusOr<std::unique_ptr<Communicator>> Wrap(ncclComm_t comm, int device);
+  static absl::StatusOr<std::unique_ptr<Communicator>> Wrap(ncclComm_t comm, int device,
+                                                            absl::Duration timeout);
+  // Waits for the handle's internal stream within the timeout, polling the
+  // communicator's asynchronous error.
+  absl::Status WaitInternal(absl::string_view op);
   // Checks that `stream` is a CUDA stream on this communicator's device.
   absl::Status CheckStream(absl::string_view op, const Stream& stream) const;
 

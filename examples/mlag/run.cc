@@ -16,16 +16,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "examples/mlag/cli.h"
 #include "examples/mlag/run_report.h"
-#include "mlag_config.h"
 #include "runtime/checkpoint/model_loader.h"
 #include "runtime/core/file.h"
 #include "runtime/core/status.h"
 #include "runtime/engine/expert_parallel.h"
-#if MLAG_HAVE_MPI
-#include "comm/mpi_communicator.h"
-#endif
 
 namespace mlag::cli {
 namespace {
@@ -33,6 +30,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct RunFlags {
+  CLI::App* app = nullptr;
+  // Whether `flag` was given on the command line.
+  bool given(const char* flag) const { return app->count(flag) > 0; }
   EngineFlags engine;
   int num_requests = 8;
   int prompt_len = 32;
@@ -49,6 +49,8 @@ struct RunFlags {
   int ep = 0;  // expert-parallel ranks; 0 = off
   std::string ep_backend = "local";
   std::vector<std::string> reconfigure_at;
+  double ep_timeout_seconds = 60.0;
+  std::string ep_fault;  // testing aid: fail:RANK:STEP or hang:RANK:STEP:SECONDS
 };
 
 absl::StatusOr<std::vector<std::vector<int32_t>>> ReadPromptsFile(const std::string& path) {
@@ -155,13 +157,14 @@ absl::Status RunSingle(const RunFlags& f, const EngineOptions& options,
   return absl::OkStatus();
 }
 
-// The requests spread over f.ep expert-parallel ranks: thread ranks
-// (--ep-backend local) or mpirun processes (mpi). Only rank 0 prints.
-absl::Status RunExpertParallel(const RunFlags& f, const EngineOptions& options,
-                               const std::vector<RequestSpec>& specs, RunReport* report,
-                               bool* prints) {
+// The requests spread over f.ep expert-parallel ranks: thread ranks (local
+// on the host, nccl on GPUs) or mpirun processes (mpi). Only rank 0 prints.
+absl::Status RunExpertParallelRanks(const RunFlags& f, const EngineOptions& options,
+                                    const std::vector<RequestSpec>& specs, RunReport* report,
+                                    bool* prints) {
   EpOptions ep;
   ep.world = f.ep;
+  ep.peer_timeout = absl::Seconds(f.ep_timeout_seconds);
   for (const std::string& text : f.reconfigure_at) {
     MLAG_ASSIGN_OR_RETURN(ReconfigureAt r, ParseReconfigureAt(text));
     if (r.size > f.ep) {
@@ -172,23 +175,14 @@ absl::Status RunExpertParallel(const RunFlags& f, const EngineOptions& options,
   }
   std::stable_sort(ep.reconfigure.begin(), ep.reconfigure.end(),
                    [](const ReconfigureAt& a, const ReconfigureAt& b) { return a.step < b.step; });
-  const auto t0 = Clock::now();
-  absl::StatusOr<EpRunResult> result;
-  if (f.ep_backend == "local") {
-    result = RunLocalExpertParallel(options, ep, specs);
-  } else if (f.ep_backend == "mpi") {
-#if MLAG_HAVE_MPI
-    MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, MpiCommunicator::World());
-    *prints = world->rank() == 0;
-    MLAG_ASSIGN_OR_RETURN(std::unique_ptr<EpRank> rank, EpRank::Create(world.get(), options, ep));
-    result = rank->Run(specs);
-#else
-    return absl::FailedPreconditionError("--ep-backend mpi: built without MPI");
-#endif
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown --ep-backend '", f.ep_backend, "' (expected local or mpi)"));
+  if (!f.ep_fault.empty()) {
+    MLAG_ASSIGN_OR_RETURN(ep.fault, ParseEpFault(f.ep_fault));
   }
+  MLAG_ASSIGN_OR_RETURN(EpBackend backend, ParseEpBackend(f.ep_backend));
+  const auto t0 = Clock::now();
+  int rank = 0;
+  absl::StatusOr<EpRunResult> result = RunExpertParallel(options, ep, backend, specs, &rank);
+  *prints = rank == 0;
   MLAG_RETURN_IF_ERROR(result.status());
   report->run_seconds = SecondsSince(t0);
   AddExpertParallelResult(*result, report);
@@ -202,6 +196,14 @@ int Run(const RunFlags& f) {
   if (!options.ok()) return Fail(options.status());
   if (f.shared_prefix_len > f.prompt_len) {
     return Fail(absl::InvalidArgumentError("--shared-prefix-len must be in [0, --prompt-len]"));
+  }
+  // Flags that would have no effect are errors, not silently ignored.
+  if (f.ep == 0) {
+    for (const char* flag : {"--ep-backend", "--reconfigure-at", "--ep-timeout", "--ep-fault"}) {
+      if (f.given(flag)) {
+        return Fail(absl::InvalidArgumentError(absl::StrCat(flag, " needs --ep N")));
+      }
+    }
   }
   std::vector<std::vector<int32_t>> prompts;
   if (!f.prompts_file.empty()) {
@@ -222,7 +224,7 @@ int Run(const RunFlags& f) {
   for (const auto& p : prompts) report.tokens_in += static_cast<int64_t>(p.size());
   bool prints = true;
   const auto t_create = Clock::now();
-  absl::Status ran = f.ep > 0 ? RunExpertParallel(f, *options, specs, &report, &prints)
+  absl::Status ran = f.ep > 0 ? RunExpertParallelRanks(f, *options, specs, &report, &prints)
                               : RunSingle(f, *options, specs, &report);
   if (!ran.ok()) return Fail(ran);
   report.create_seconds = SecondsSince(t_create) - report.run_seconds;
@@ -258,9 +260,18 @@ Command AddRunCommand(CLI::App& app) {
   run->add_option("--stop-token", f->stop_tokens, "stop at this token id (repeatable)");
   run->add_flag("--json", f->json, "print one JSON object");
   run->add_option("--ep", f->ep, "expert-parallel ranks (0: off)")->check(AtLeast(0));
-  run->add_option("--ep-backend", f->ep_backend, "local (thread ranks) or mpi (mpirun)");
+  run->add_option("--ep-backend", f->ep_backend,
+                  "local (host thread ranks), nccl (a thread rank per GPU) or mpi (mpirun "
+                  "processes; NCCL for data on GPUs)")
+      ->check(CLI::IsMember({"local", "nccl", "mpi"}));
   run->add_option("--reconfigure-at", f->reconfigure_at,
                   "STEP:SIZE: reconfigure the expert-parallel group before STEP (repeatable)");
+  run->add_option("--ep-timeout", f->ep_timeout_seconds,
+                  "seconds a rank waits for its peers before it calls one dead or hung")
+      ->check(CLI::Range(0.001, 86400.0));
+  run->add_option("--ep-fault", f->ep_fault,
+                  "testing aid: fail:RANK:STEP or hang:RANK:STEP:SECONDS");
+  f->app = run;
   return {run, [f] { return Run(*f); }};
 }
 

@@ -4,15 +4,25 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "comm/local_communicator.h"
+#include "mlag_config.h"
 #include "runtime/core/status.h"
+#if MLAG_HAVE_MPI
+#include "comm/mpi_communicator.h"
+#endif
+#if MLAG_HAVE_NCCL
+#include "comm/nccl_communicator.h"
+#endif
 
 namespace mlag {
 namespace {
@@ -143,6 +153,41 @@ absl::StatusOr<ReconfigureAt> ParseReconfigureAt(absl::string_view text) {
   return r;
 }
 
+absl::StatusOr<EpFault> ParseEpFault(absl::string_view text) {
+  std::vector<absl::string_view> parts = absl::StrSplit(text, ':');
+  EpFault f;
+  double hang_seconds = 0;
+  const bool fail = parts.size() == 3 && parts[0] == "fail";
+  const bool hang = parts.size() == 4 && parts[0] == "hang" &&
+                    absl::SimpleAtod(parts[3], &hang_seconds) && hang_seconds > 0 &&
+                    hang_seconds < 3600;
+  if ((!fail && !hang) || !absl::SimpleAtoi(parts[1], &f.rank) ||
+      !absl::SimpleAtoi(parts[2], &f.step) || f.rank < 0 || f.step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fault '", text, "': expected fail:RANK:STEP or hang:RANK:STEP:SECONDS (0 < SECONDS < 3600)"));
+  }
+  f.kind = fail ? EpFault::Kind::kFail : EpFault::Kind::kHang;
+  f.hang = absl::Seconds(hang_seconds);
+  return f;
+}
+
+absl::StatusOr<EpBackend> ParseEpBackend(absl::string_view name) {
+  if (name == "local") return EpBackend::kLocal;
+  if (name == "nccl") return EpBackend::kNccl;
+  if (name == "mpi") return EpBackend::kMpi;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown expert-parallel backend '", name, "' (expected local, nccl or mpi)"));
+}
+
+absl::string_view EpBackendName(EpBackend backend) {
+  switch (backend) {
+    case EpBackend::kLocal: return "local";
+    case EpBackend::kNccl: return "nccl";
+    case EpBackend::kMpi: return "mpi";
+  }
+  return "?";
+}
+
 absl::StatusOr<std::unique_ptr<EpRank>> EpRank::Create(Communicator* world,
                                                        const EngineOptions& options,
                                                        const EpOptions& ep,
@@ -151,6 +196,13 @@ absl::StatusOr<std::unique_ptr<EpRank>> EpRank::Create(Communicator* world,
     return absl::InvalidArgumentError(absl::StrCat(
         "expert parallelism over ", ep.world, " ranks needs a world of that size, got ",
         world == nullptr ? 0 : world->size()));
+  }
+  if (ep.peer_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("the expert-parallel peer timeout must be positive");
+  }
+  if (ep.fault.kind != EpFault::Kind::kNone && ep.fault.rank >= ep.world) {
+    return absl::InvalidArgumentError(absl::StrCat("fault on rank ", ep.fault.rank, ": the world has ",
+                                                   ep.world, " ranks"));
   }
   int last_step = -1;
   for (const ReconfigureAt& r : ep.reconfigure) {
@@ -204,6 +256,11 @@ absl::Status EpRank::BuildEngine(const EngineOptions& options) {
   o.max_ep_ranks = ep_.world;
   MLAG_ASSIGN_OR_RETURN(engine_, Engine::Create(o));
   group_.Bind(engine_.get());
+  // A step's collectives wait for every peer: bound the wait, and fail at
+  // once when the group's communicator reports an asynchronous error.
+  engine_->runner().stream().SetWatchdog(ep_.peer_timeout, [this]() -> absl::Status {
+    return group_.get() != nullptr ? group_.get()->Health() : absl::OkStatus();
+  });
   return absl::OkStatus();
 }
 
@@ -343,6 +400,18 @@ void EpRank::AbortGroups(const absl::Status& reason) {
   world_->Abort(why);
 }
 
+absl::Status EpRank::InjectFault(int64_t step) {
+  const EpFault& f = ep_.fault;
+  if (f.kind == EpFault::Kind::kNone || f.rank != world_->rank() || f.step != step) {
+    return absl::OkStatus();
+  }
+  if (f.kind == EpFault::Kind::kFail) {
+    return absl::InternalError(absl::StrCat("injected failure at step ", step));
+  }
+  absl::SleepFor(f.hang);  // a rank that stops answering, then goes on
+  return absl::OkStatus();
+}
+
 absl::StatusOr<EpRunResult> EpRank::Drive(const std::vector<RequestSpec>& requests,
                                           EpRunResult result) {
   const int me = world_->rank();
@@ -363,6 +432,7 @@ absl::StatusOr<EpRunResult> EpRank::Drive(const std::vector<RequestSpec>& reques
       result.reconfigurations.push_back(std::move(r));
       ++next_event;
     }
+    MLAG_RETURN_IF_ERROR(InjectFault(step));
     if (me < active_) MLAG_RETURN_IF_ERROR(engine_->Step().status());
     MLAG_ASSIGN_OR_RETURN(int64_t unfinished, control_->AllReduceScalar(
                                                   engine_->HasUnfinished() ? 1 : 0, ReduceOp::kMax));
@@ -462,12 +532,136 @@ absl::StatusOr<EpRunResult> RunLocalExpertParallel(const EngineOptions& options,
                                                    const EpOptions& ep,
                                                    const std::vector<RequestSpec>& requests) {
   if (ep.world < 1) return absl::InvalidArgumentError("--ep must be >= 1");
-  std::vector<std::unique_ptr<Communicator>> comms = LocalCommunicator::CreateGroup(ep.world);
+  std::vector<std::unique_ptr<Communicator>> comms =
+      LocalCommunicator::CreateGroup(ep.world, ep.peer_timeout);
   std::vector<Communicator*> worlds;
   for (auto& c : comms) worlds.push_back(c.get());
   // Thread ranks share one host.
   return RunThreadedExpertParallel(options, ep, requests, worlds, {},
                                    std::vector<std::string>(ep.world, "host"));
+}
+
+namespace {
+
+bool IsCudaSpec(const std::string& device) {
+  return device == "cuda" || absl::StartsWith(device, "cuda:");
+}
+
+// The index a "cuda:N" spec names (-1 for "cuda").
+absl::StatusOr<int> CudaIndex(const std::string& device) {
+  if (device == "cuda") return -1;
+  int index = 0;
+  if (!absl::SimpleAtoi(device.substr(5), &index) || index < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("bad device '", device, "'"));
+  }
+  return index;
+}
+
+absl::StatusOr<EpRunResult> RunNcclThreadRanks(const EngineOptions& options, const EpOptions& ep,
+                                               const std::vector<RequestSpec>& requests) {
+#if MLAG_HAVE_NCCL
+  if (options.device != "cuda" && options.device != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--ep-backend nccl runs rank r on cuda:r: pass --device cuda (or auto), not '",
+        options.device, "'"));
+  }
+  const int gpus = Device::CudaDeviceCount();
+  if (gpus < ep.world) {
+    return absl::FailedPreconditionError(absl::StrCat("--ep ", ep.world,
+                                                      " with --ep-backend nccl needs ", ep.world,
+                                                      " CUDA devices, found ", gpus));
+  }
+  std::vector<int> devices(static_cast<size_t>(ep.world));
+  std::vector<std::string> names;
+  for (int r = 0; r < ep.world; ++r) {
+    devices[static_cast<size_t>(r)] = r;
+    names.push_back(absl::StrCat("cuda:", r));
+  }
+  MLAG_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Communicator>> data,
+                        NcclCommunicator::InitAll(devices, ep.peer_timeout));
+  std::vector<std::unique_ptr<Communicator>> control =
+      LocalCommunicator::CreateGroup(ep.world, ep.peer_timeout);
+  std::vector<Communicator*> worlds, controls;
+  for (int r = 0; r < ep.world; ++r) {
+    worlds.push_back(data[static_cast<size_t>(r)].get());
+    controls.push_back(control[static_cast<size_t>(r)].get());
+  }
+  return RunThreadedExpertParallel(options, ep, requests, worlds, controls, names);
+#else
+  (void)options;
+  (void)ep;
+  (void)requests;
+  return absl::FailedPreconditionError("--ep-backend nccl: this build has no CUDA and NCCL");
+#endif
+}
+
+absl::StatusOr<EpRunResult> RunMpiRank(const EngineOptions& options, const EpOptions& ep,
+                                       const std::vector<RequestSpec>& requests, int* rank) {
+#if MLAG_HAVE_MPI
+  MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> mpi, MpiCommunicator::World(ep.peer_timeout));
+  if (rank != nullptr) *rank = mpi->rank();
+  // The device of this rank: host, the named GPU, or the local rank's GPU.
+  EngineOptions o = options;
+  const int gpus = Device::CudaDeviceCount();
+  if (o.device == "auto") o.device = gpus > 0 ? "cuda" : "host";
+  if (o.device == "cuda") {
+    if (gpus == 0) return absl::FailedPreconditionError("--device cuda: no CUDA device is usable");
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    int local_rank = mpi->rank();
+    if (local != nullptr && !absl::SimpleAtoi(local, &local_rank)) local_rank = mpi->rank();
+    o.device = absl::StrCat("cuda:", local_rank % gpus);
+  }
+  if (!IsCudaSpec(o.device)) {
+    MLAG_ASSIGN_OR_RETURN(std::unique_ptr<EpRank> r, EpRank::Create(mpi.get(), o, ep));
+    return r->Run(requests);
+  }
+#if MLAG_HAVE_NCCL
+  // GPUs: NCCL for the data, bootstrapped over MPI, which carries control.
+  MLAG_ASSIGN_OR_RETURN(int device, CudaIndex(o.device));
+  MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Device> current, Device::Create(o.device));
+  MLAG_RETURN_IF_ERROR(current->MakeCurrent());
+  MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> data,
+                        NcclCommunicator::CreateOverMpi(*mpi, device, ep.peer_timeout));
+  MLAG_ASSIGN_OR_RETURN(std::unique_ptr<EpRank> r, EpRank::Create(data.get(), o, ep, mpi.get()));
+  return r->Run(requests);
+#else
+  return absl::FailedPreconditionError(
+      absl::StrCat("--ep-backend mpi on ", o.device, ": this build has no NCCL"));
+#endif
+#else
+  (void)options;
+  (void)ep;
+  (void)requests;
+  (void)rank;
+  return absl::FailedPreconditionError("--ep-backend mpi: this build has no MPI");
+#endif
+}
+
+}  // namespace
+
+absl::StatusOr<EpRunResult> RunExpertParallel(const EngineOptions& options, const EpOptions& ep,
+                                              EpBackend backend,
+                                              const std::vector<RequestSpec>& requests,
+                                              int* rank) {
+  if (rank != nullptr) *rank = 0;
+  if (ep.world < 1) return absl::InvalidArgumentError("--ep must be >= 1");
+  switch (backend) {
+    case EpBackend::kLocal: {
+      if (IsCudaSpec(options.device)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--ep-backend local runs its ranks on the host, not on ", options.device,
+            ": use --ep-backend nccl for CUDA thread ranks, or mpi for one process per GPU"));
+      }
+      EngineOptions o = options;
+      o.device = "host";
+      return RunLocalExpertParallel(o, ep, requests);
+    }
+    case EpBackend::kNccl:
+      return RunNcclThreadRanks(options, ep, requests);
+    case EpBackend::kMpi:
+      return RunMpiRank(options, ep, requests, rank);
+  }
+  return absl::InvalidArgumentError("unknown expert-parallel backend");
 }
 
 }  // namespace mlag

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "comm/communicator.h"
 #include "comm/expert_placement.h"
 #include "runtime/engine/engine.h"
@@ -39,13 +40,43 @@ struct ReconfigureAt {
   int size = 0;  // new group size, in [1, world]
 };
 
+// A fault injected into one rank, to test how the others end: at driver
+// step `step`, rank `rank` fails (its step returns an error) or hangs (stops
+// for `hang`, then goes on and finds its group aborted).
+struct EpFault {
+  enum class Kind { kNone, kFail, kHang };
+  Kind kind = Kind::kNone;
+  int rank = -1;
+  int step = -1;
+  absl::Duration hang = absl::ZeroDuration();
+};
+
 struct EpOptions {
   int world = 1;                          // ranks launched: the largest group
   std::vector<ReconfigureAt> reconfigure;  // in step order
+  // How long a rank waits for its peers in any collective before it decides
+  // that one is dead or hung, aborts the group and fails with
+  // DeadlineExceeded.
+  absl::Duration peer_timeout = absl::Seconds(60);
+  EpFault fault;
 };
 
 // Parses "STEP:SIZE".
 absl::StatusOr<ReconfigureAt> ParseReconfigureAt(absl::string_view text);
+
+// Parses "fail:RANK:STEP" or "hang:RANK:STEP:SECONDS".
+absl::StatusOr<EpFault> ParseEpFault(absl::string_view text);
+
+// How the ranks of an expert-parallel run are made.
+//   local  thread ranks in this process, on the host (local communicators);
+//   nccl   thread ranks in this process, rank r on CUDA device r (NCCL for
+//          data, local communicators for control);
+//   mpi    this process is one rank of an mpirun job: on the host, MPI for
+//          everything; on a CUDA device, NCCL created over MPI for data and
+//          MPI for control.
+enum class EpBackend { kLocal, kNccl, kMpi };
+absl::StatusOr<EpBackend> ParseEpBackend(absl::string_view name);  // "local", "nccl", "mpi"
+absl::string_view EpBackendName(EpBackend backend);
 
 struct ReconfigurationReport {
   int step = 0, from = 0, to = 0;
@@ -106,6 +137,8 @@ class EpRank {
   absl::StatusOr<EpRunResult> Drive(const std::vector<RequestSpec>& requests, EpRunResult result);
   // Aborts the active group, the control and the world communicators.
   void AbortGroups(const absl::Status& reason);
+  // The injected fault of this rank at driver step `step`, if any.
+  absl::Status InjectFault(int64_t step);
   // Every rank's `mine`, on every rank (control-plane exchange over host memory).
   absl::StatusOr<std::vector<std::vector<int64_t>>> ExchangeAll(const std::vector<int64_t>& mine);
 
@@ -122,6 +155,19 @@ class EpRank {
   ExpertGroup group_;                            // empty while this rank is outside the group
   std::unique_ptr<Communicator> pending_group_;  // the next group, during a reconfiguration
 };
+
+// Runs `requests` over `ep.world` ranks made by `backend` (see EpBackend),
+// on the devices options.device asks for, which must suit the backend:
+// local takes host (or auto, as host); nccl takes cuda (or auto) and needs
+// ep.world CUDA devices; mpi takes host, cuda:N, or cuda / auto (the
+// process's local rank's GPU, when there are GPUs). A device the backend
+// cannot use is InvalidArgument, never ignored. Every rank returns the same
+// gathered result; `rank`, when given, receives this process's rank (0 for
+// thread ranks).
+absl::StatusOr<EpRunResult> RunExpertParallel(const EngineOptions& options, const EpOptions& ep,
+                                              EpBackend backend,
+                                              const std::vector<RequestSpec>& requests,
+                                              int* rank = nullptr);
 
 // Runs `ep.world` thread ranks of the local backend in this process.
 absl::StatusOr<EpRunResult> RunLocalExpertParallel(const EngineOptions& options,
