@@ -47,5 +47,23 @@ else
   bad "graphs on cuda: $(tail -3 "$TMP/err")"
 fi
 
+# Expert parallelism over NCCL, four thread ranks on four GPUs, through two
+# reconfigurations: the tokens of one host engine, every live KV page kept.
+ep_args=(--model tiny-v2 --num-requests 40 --prompt-len 29 --shared-prefix-len 16 --max-tokens 24 --seed 11 --json)
+if MLAG_EMULATED_GPUS=4 "$MLAG" run "${ep_args[@]}" --device cuda --ep 4 --ep-backend nccl \
+     --reconfigure-at 8:2 --reconfigure-at 16:3 >"$TMP/ep.json" 2>"$TMP/err"; then
+  "$MLAG" run "${ep_args[@]}" --device host >"$TMP/host40.json"
+  if [ "$(tokens "$TMP/ep.json" | wc -l)" -eq 40 ] && [ "$(tokens "$TMP/ep.json")" = "$(tokens "$TMP/host40.json")" ] &&
+     [ "$(grep -o '"kv_pages_unchanged":true' "$TMP/ep.json" | wc -l)" -eq 2 ]; then
+    ok
+  else
+    bad "nccl ep 4: tokens or kv pages differ"
+  fi
+elif grep -q "needs 4 CUDA devices" "$TMP/err"; then
+  echo "nccl ep 4: fewer than 4 CUDA devices, not run"
+else
+  bad "nccl ep 4: $(tail -3 "$TMP/err")"
+fi
+
 echo "cli_cuda: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

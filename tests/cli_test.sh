@@ -40,6 +40,11 @@ expect_usage_error "" bogus
 expect_usage_error "" run --model tiny-v3 --no-such-flag
 expect_usage_error "device" run --model tiny-v3 --device tpu
 expect_usage_error "no graph of size" graphs --model tiny-v3 --size 3
+# Flags with no effect are refused, and a device is never ignored.
+expect_usage_error "needs --ep" run --model tiny-v3 --reconfigure-at 2:1
+expect_usage_error "needs --ep" run --model tiny-v3 --ep-backend mpi
+expect_usage_error "ep-backend nccl" run --model tiny-v3 --ep 2 --device cuda
+expect_usage_error "ep-backend" run --model tiny-v3 --ep 2 --ep-backend carrier-pigeon
 expect_usage_error "batch-sizes" bench --model tiny-v3 --batch-sizes 0
 
 # JSON output parses and has the documented fields.

@@ -50,7 +50,7 @@ struct RunFlags {
   std::string ep_backend = "local";
   std::vector<std::string> reconfigure_at;
   double ep_timeout_seconds = 60.0;
-  std::string ep_fault;  // testing aid: fail:RANK:STEP or hang:RANK:STEP:SECONDS
+  std::vector<std::string> ep_faults;  // testing aid: fail:RANK:STEP or hang:RANK:STEP:SECONDS
 };
 
 absl::StatusOr<std::vector<std::vector<int32_t>>> ReadPromptsFile(const std::string& path) {
@@ -175,8 +175,9 @@ absl::Status RunExpertParallelRanks(const RunFlags& f, const EngineOptions& opti
   }
   std::stable_sort(ep.reconfigure.begin(), ep.reconfigure.end(),
                    [](const ReconfigureAt& a, const ReconfigureAt& b) { return a.step < b.step; });
-  if (!f.ep_fault.empty()) {
-    MLAG_ASSIGN_OR_RETURN(ep.fault, ParseEpFault(f.ep_fault));
+  for (const std::string& text : f.ep_faults) {
+    MLAG_ASSIGN_OR_RETURN(EpFault fault, ParseEpFault(text));
+    ep.faults.push_back(fault);
   }
   MLAG_ASSIGN_OR_RETURN(EpBackend backend, ParseEpBackend(f.ep_backend));
   const auto t0 = Clock::now();
@@ -269,8 +270,8 @@ Command AddRunCommand(CLI::App& app) {
   run->add_option("--ep-timeout", f->ep_timeout_seconds,
                   "seconds a rank waits for its peers before it calls one dead or hung")
       ->check(CLI::Range(0.001, 86400.0));
-  run->add_option("--ep-fault", f->ep_fault,
-                  "testing aid: fail:RANK:STEP or hang:RANK:STEP:SECONDS");
+  run->add_option("--ep-fault", f->ep_faults,
+                  "testing aid: fail:RANK:STEP or hang:RANK:STEP:SECONDS (repeatable)");
   f->app = run;
   return {run, [f] { return Run(*f); }};
 }

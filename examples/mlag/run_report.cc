@@ -128,6 +128,7 @@ void PrintText(const RunReport& r) {
 }  // namespace
 
 void AddExpertParallelResult(const EpRunResult& result, RunReport* report) {
+  report->device = result.device + " (rank 0)";
   report->requests = result.requests;
   report->steps = result.driver_steps;
   report->engine_steps = result.engine_steps;

@@ -200,9 +200,11 @@ absl::StatusOr<std::unique_ptr<EpRank>> EpRank::Create(Communicator* world,
   if (ep.peer_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the expert-parallel peer timeout must be positive");
   }
-  if (ep.fault.kind != EpFault::Kind::kNone && ep.fault.rank >= ep.world) {
-    return absl::InvalidArgumentError(absl::StrCat("fault on rank ", ep.fault.rank, ": the world has ",
-                                                   ep.world, " ranks"));
+  for (const EpFault& f : ep.faults) {
+    if (f.rank >= ep.world) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("fault on rank ", f.rank, ": the world has ", ep.world, " ranks"));
+    }
   }
   int last_step = -1;
   for (const ReconfigureAt& r : ep.reconfigure) {
@@ -401,14 +403,13 @@ void EpRank::AbortGroups(const absl::Status& reason) {
 }
 
 absl::Status EpRank::InjectFault(int64_t step) {
-  const EpFault& f = ep_.fault;
-  if (f.kind == EpFault::Kind::kNone || f.rank != world_->rank() || f.step != step) {
-    return absl::OkStatus();
+  for (const EpFault& f : ep_.faults) {
+    if (f.rank != world_->rank() || f.step != step) continue;
+    if (f.kind == EpFault::Kind::kFail) {
+      return absl::InternalError(absl::StrCat("injected failure at step ", step));
+    }
+    if (f.kind == EpFault::Kind::kHang) absl::SleepFor(f.hang);  // stops answering, then goes on
   }
-  if (f.kind == EpFault::Kind::kFail) {
-    return absl::InternalError(absl::StrCat("injected failure at step ", step));
-  }
-  absl::SleepFor(f.hang);  // a rank that stops answering, then goes on
   return absl::OkStatus();
 }
 
@@ -440,6 +441,7 @@ absl::StatusOr<EpRunResult> EpRank::Drive(const std::vector<RequestSpec>& reques
     if (step > 10'000'000) return absl::InternalError("expert-parallel run does not finish");
   }
   result.driver_steps = step + 1;
+  result.device = engine_->device().name();
 
   // Gather every rank's finished requests and counters on every rank.
   std::vector<int64_t> payload;
@@ -487,7 +489,7 @@ absl::StatusOr<EpRunResult> EpRank::Drive(const std::vector<RequestSpec>& reques
 absl::StatusOr<EpRunResult> RunThreadedExpertParallel(
     const EngineOptions& options, const EpOptions& ep, const std::vector<RequestSpec>& requests,
     const std::vector<Communicator*>& worlds, const std::vector<Communicator*>& controls,
-    const std::vector<std::string>& devices) {
+    const std::vector<std::string>& devices, std::vector<absl::Status>* rank_status) {
   const int n = static_cast<int>(worlds.size());
   if (n != ep.world || static_cast<int>(devices.size()) != n ||
       (!controls.empty() && static_cast<int>(controls.size()) != n)) {
@@ -512,6 +514,10 @@ absl::StatusOr<EpRunResult> RunThreadedExpertParallel(
     });
   }
   for (std::thread& t : ranks) t.join();
+  if (rank_status != nullptr) {
+    rank_status->clear();
+    for (const auto& r : results) rank_status->push_back(r.status());
+  }
   // Report the rank that failed first: the others were aborted by it.
   for (int r = 0; r < n; ++r) {
     if (!results[r].ok() && results[r].status().code() != absl::StatusCode::kAborted) {
@@ -530,7 +536,8 @@ absl::StatusOr<EpRunResult> RunThreadedExpertParallel(
 
 absl::StatusOr<EpRunResult> RunLocalExpertParallel(const EngineOptions& options,
                                                    const EpOptions& ep,
-                                                   const std::vector<RequestSpec>& requests) {
+                                                   const std::vector<RequestSpec>& requests,
+                                                   std::vector<absl::Status>* rank_status) {
   if (ep.world < 1) return absl::InvalidArgumentError("--ep must be >= 1");
   std::vector<std::unique_ptr<Communicator>> comms =
       LocalCommunicator::CreateGroup(ep.world, ep.peer_timeout);
@@ -538,7 +545,7 @@ absl::StatusOr<EpRunResult> RunLocalExpertParallel(const EngineOptions& options,
   for (auto& c : comms) worlds.push_back(c.get());
   // Thread ranks share one host.
   return RunThreadedExpertParallel(options, ep, requests, worlds, {},
-                                   std::vector<std::string>(ep.world, "host"));
+                                   std::vector<std::string>(ep.world, "host"), rank_status);
 }
 
 namespace {
@@ -558,7 +565,8 @@ absl::StatusOr<int> CudaIndex(const std::string& device) {
 }
 
 absl::StatusOr<EpRunResult> RunNcclThreadRanks(const EngineOptions& options, const EpOptions& ep,
-                                               const std::vector<RequestSpec>& requests) {
+                                               const std::vector<RequestSpec>& requests,
+                                               std::vector<absl::Status>* rank_status) {
 #if MLAG_HAVE_NCCL
   if (options.device != "cuda" && options.device != "auto") {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -586,11 +594,12 @@ absl::StatusOr<EpRunResult> RunNcclThreadRanks(const EngineOptions& options, con
     worlds.push_back(data[static_cast<size_t>(r)].get());
     controls.push_back(control[static_cast<size_t>(r)].get());
   }
-  return RunThreadedExpertParallel(options, ep, requests, worlds, controls, names);
+  return RunThreadedExpertParallel(options, ep, requests, worlds, controls, names, rank_status);
 #else
   (void)options;
   (void)ep;
   (void)requests;
+  (void)rank_status;
   return absl::FailedPreconditionError("--ep-backend nccl: this build has no CUDA and NCCL");
 #endif
 }
@@ -642,7 +651,7 @@ absl::StatusOr<EpRunResult> RunMpiRank(const EngineOptions& options, const EpOpt
 absl::StatusOr<EpRunResult> RunExpertParallel(const EngineOptions& options, const EpOptions& ep,
                                               EpBackend backend,
                                               const std::vector<RequestSpec>& requests,
-                                              int* rank) {
+                                              int* rank, std::vector<absl::Status>* rank_status) {
   if (rank != nullptr) *rank = 0;
   if (ep.world < 1) return absl::InvalidArgumentError("--ep must be >= 1");
   switch (backend) {
@@ -654,12 +663,15 @@ absl::StatusOr<EpRunResult> RunExpertParallel(const EngineOptions& options, cons
       }
       EngineOptions o = options;
       o.device = "host";
-      return RunLocalExpertParallel(o, ep, requests);
+      return RunLocalExpertParallel(o, ep, requests, rank_status);
     }
     case EpBackend::kNccl:
-      return RunNcclThreadRanks(options, ep, requests);
-    case EpBackend::kMpi:
-      return RunMpiRank(options, ep, requests, rank);
+      return RunNcclThreadRanks(options, ep, requests, rank_status);
+    case EpBackend::kMpi: {
+      absl::StatusOr<EpRunResult> result = RunMpiRank(options, ep, requests, rank);
+      if (rank_status != nullptr) *rank_status = {result.status()};
+      return result;
+    }
   }
   return absl::InvalidArgumentError("unknown expert-parallel backend");
 }

@@ -58,7 +58,7 @@ struct EpOptions {
   // that one is dead or hung, aborts the group and fails with
   // DeadlineExceeded.
   absl::Duration peer_timeout = absl::Seconds(60);
-  EpFault fault;
+  std::vector<EpFault> faults;  // injected, for tests
 };
 
 // Parses "STEP:SIZE".
@@ -87,6 +87,7 @@ struct ReconfigurationReport {
 };
 
 struct EpRunResult {
+  std::string device;  // this rank's device
   std::vector<RequestResult> requests;  // by id
   std::vector<ReconfigurationReport> reconfigurations;
   int64_t driver_steps = 0;
@@ -164,23 +165,27 @@ class EpRank {
 // cannot use is InvalidArgument, never ignored. Every rank returns the same
 // gathered result; `rank`, when given, receives this process's rank (0 for
 // thread ranks).
+// `rank_status`, when given, receives how every thread rank ended (this
+// process's rank alone for mpi).
 absl::StatusOr<EpRunResult> RunExpertParallel(const EngineOptions& options, const EpOptions& ep,
                                               EpBackend backend,
                                               const std::vector<RequestSpec>& requests,
-                                              int* rank = nullptr);
+                                              int* rank = nullptr,
+                                              std::vector<absl::Status>* rank_status = nullptr);
 
 // Runs `ep.world` thread ranks of the local backend in this process.
-absl::StatusOr<EpRunResult> RunLocalExpertParallel(const EngineOptions& options,
-                                                   const EpOptions& ep,
-                                                   const std::vector<RequestSpec>& requests);
+absl::StatusOr<EpRunResult> RunLocalExpertParallel(
+    const EngineOptions& options, const EpOptions& ep, const std::vector<RequestSpec>& requests,
+    std::vector<absl::Status>* rank_status = nullptr);
 
 // Runs one thread rank per communicator in this process: rank r uses
 // `worlds[r]` for data, `controls[r]` for control (empty: the worlds) and
 // device `devices[r]` ("host", "cuda:1", ...). For several GPUs in one
 // process: NCCL worlds from NcclCommunicator::InitAll, local controls.
+// `rank_status`, when given, receives how every rank ended.
 absl::StatusOr<EpRunResult> RunThreadedExpertParallel(
     const EngineOptions& options, const EpOptions& ep, const std::vector<RequestSpec>& requests,
     const std::vector<Communicator*>& worlds, const std::vector<Communicator*>& controls,
-    const std::vector<std::string>& devices);
+    const std::vector<std::string>& devices, std::vector<absl::Status>* rank_status = nullptr);
 
 }  // namespace mlag

@@ -6,15 +6,14 @@
 #include <map>
 #include <random>
 
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/status_matchers.h"
 #include "mlag_config.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/expert_parallel.h"
-#if MLAG_HAVE_NCCL
-#include "comm/local_communicator.h"
-#include "comm/nccl_communicator.h"
-#endif
 
 namespace mlag {
 namespace {
@@ -134,36 +133,31 @@ TEST_F(RuntimeGpuTest, DummyReplaysLeaveEveryKvPageUnchanged) {
   while (engine->HasUnfinished()) ASSERT_OK(engine->Step());
 }
 
+// Thread ranks over NCCL, one GPU each, through two reconfigurations: the
+// tokens of one rank alone, and every live KV page unchanged. An f32 cache
+// here: the ranks sum their experts' partial results in another order than
+// one rank does, and a bf16 cache would now and then round a cached latent
+// the other way and flip a near-tied token.
 TEST_F(RuntimeGpuTest, ReconfigurationOverNcclOnSeveralGpus) {
 #if MLAG_HAVE_NCCL
   const int gpus = Device::CudaDeviceCount();
   if (gpus < 2) GTEST_SKIP() << "needs 2 or more GPUs, found " << gpus;
   const int world = std::min(gpus, 4);
-  std::vector<int> devices(world);
-  for (int i = 0; i < world; ++i) devices[i] = i;
-  auto nccl = NcclCommunicator::InitAll(devices);
-  ASSERT_OK(nccl);
-  auto controls = LocalCommunicator::CreateGroup(world);
-  std::vector<Communicator*> w, c;
-  std::vector<std::string> names;
-  for (int i = 0; i < world; ++i) {
-    w.push_back((*nccl)[i].get());
-    c.push_back(controls[i].get());
-    names.push_back("cuda:" + std::to_string(i));
-  }
   EngineOptions o = GpuOptions(GraphMode::kFullDecode);
   o.max_num_seqs = 4;
+  o.kv_cache_dtype = "f32";
   const auto specs = Requests(12, 1024, 5);
   auto single = Engine::Create(o).value();
   const Record base = RunAll(*single, specs);
   EpOptions ep;
   ep.world = world;
   ep.reconfigure = {{4, 1}, {8, world}};
-  auto result = RunThreadedExpertParallel(o, ep, specs, w, c, names);
+  auto result = RunExpertParallel(o, ep, EpBackend::kNccl, specs);
   ASSERT_OK(result);
   for (size_t i = 0; i < specs.size(); ++i) {
     EXPECT_EQ(result->requests[i].output_tokens, base.tokens[i]) << i;
   }
+  ASSERT_EQ(result->reconfigurations.size(), 2u);
   for (const ReconfigurationReport& r : result->reconfigurations) EXPECT_TRUE(r.kv_pages_unchanged);
 #else
   GTEST_SKIP() << "built without NCCL";
@@ -171,4 +165,37 @@ TEST_F(RuntimeGpuTest, ReconfigurationOverNcclOnSeveralGpus) {
 }
 
 }  // namespace
+// Over NCCL on four GPUs, rank 1 fails and rank 2 hangs for 3 s at step 5:
+// every rank ends with an error naming what happened (rank 1's failure,
+// passed on through the control group, or a peer timeout from the stream
+// watchdog), and the run ends within the timeout plus the hang.
+TEST_F(RuntimeGpuTest, AFailedAndAHungNcclRankEndEveryRankWithANamedError) {
+#if MLAG_HAVE_NCCL
+  if (Device::CudaDeviceCount() < 4) GTEST_SKIP() << "needs 4 GPUs";
+  EngineOptions o = GpuOptions(GraphMode::kFullDecode);
+  o.max_num_seqs = 4;
+  EpOptions ep;
+  ep.world = 4;
+  ep.peer_timeout = absl::Seconds(2);
+  ep.faults = {ParseEpFault("fail:1:5").value(), ParseEpFault("hang:2:5:3").value()};
+  std::vector<absl::Status> ranks;
+  const absl::Time start = absl::Now();
+  auto result = RunExpertParallel(o, ep, EpBackend::kNccl, Requests(8, 1024, 5), nullptr, &ranks);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_FALSE(result.ok());
+  ASSERT_EQ(ranks.size(), 4u);
+  EXPECT_THAT(ranks[1], ::mlag::testing::StatusIs(absl::StatusCode::kInternal,
+                                                   ::testing::HasSubstr("injected failure at step 5")));
+  for (int r : {0, 2, 3}) {
+    std::printf("  rank %d: %s\n", r, ranks[r].ToString().c_str());
+    EXPECT_TRUE(absl::StrContains(ranks[r].message(), "injected failure at step 5") ||
+                ranks[r].code() == absl::StatusCode::kDeadlineExceeded)
+        << "rank " << r << ": " << ranks[r];
+  }
+  EXPECT_LT(took, absl::Seconds(60));
+#else
+  GTEST_SKIP() << "built without NCCL";
+#endif
+}
+
 }  // namespace mlag

@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "comm/local_communicator.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/status_matchers.h"
 #include "runtime/checkpoint/builtin_models.h"
@@ -316,6 +317,80 @@ TEST(ExpertParallelFailureTest, OneRankFailingMidRunFailsTheGroupAtOnce) {
       << result.status();
   EXPECT_LT(took, absl::Seconds(20)) << "the peers waited for the timeout instead";
   std::printf("  %s after %s\n", result.status().ToString().c_str(), absl::FormatDuration(took).c_str());
+}
+
+}  // namespace
+}  // namespace mlag
+
+namespace mlag {
+namespace {
+
+// Rank 1 fails and rank 2 hangs (stops for a while, then goes on) at the
+// same step: every rank must end, within the peer timeout plus the hang,
+// with an error that names what happened.
+void ExpectEveryRankEndsNamed(const std::vector<absl::Status>& ranks, absl::Duration took,
+                              absl::Duration bound) {
+  ASSERT_EQ(ranks.size(), 4u);
+  EXPECT_THAT(ranks[1], ::mlag::testing::StatusIs(absl::StatusCode::kInternal,
+                                                   ::testing::HasSubstr("injected failure at step 5")));
+  for (int r : {0, 2, 3}) {
+    SCOPED_TRACE(r);
+    ASSERT_FALSE(ranks[r].ok());
+    // Aborted by rank 1 (its reason passed on), or, for a rank that waited
+    // on the hung one first, its own timeout.
+    const bool named = absl::StrContains(ranks[r].message(), "injected failure at step 5") ||
+                       ranks[r].code() == absl::StatusCode::kDeadlineExceeded;
+    EXPECT_TRUE(named) << ranks[r];
+  }
+  EXPECT_LT(took, bound);
+}
+
+TEST(ExpertParallelFailureTest, AFailedAndAHungRankEndEveryRankWithANamedError) {
+  EngineOptions options = Options("tiny-v3");
+  const ModelConfig config = BuiltinModelConfig("tiny-v3").value();
+  const std::vector<RequestSpec> specs = Requests(8, config.vocab_size, 5, 0, 0);
+  EpOptions ep;
+  ep.world = 4;
+  ep.peer_timeout = absl::Seconds(2);
+  ep.faults = {ParseEpFault("fail:1:5").value(), ParseEpFault("hang:2:5:3").value()};
+  std::vector<absl::Status> ranks;
+  const absl::Time start = absl::Now();
+  absl::StatusOr<EpRunResult> result =
+      RunExpertParallel(options, ep, EpBackend::kLocal, specs, nullptr, &ranks);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_FALSE(result.ok());
+  ExpectEveryRankEndsNamed(ranks, took, absl::Seconds(30));
+  for (size_t r = 0; r < ranks.size(); ++r) std::printf("  rank %zu: %s\n", r, ranks[r].ToString().c_str());
+}
+
+// Only a hang: the ranks waiting on it give up after the timeout
+// (DeadlineExceeded) and abort the group; the hung rank, back, finds it
+// aborted.
+TEST(ExpertParallelFailureTest, AHungRankTimesOutItsPeers) {
+  EngineOptions options = Options("tiny-v3");
+  const ModelConfig config = BuiltinModelConfig("tiny-v3").value();
+  const std::vector<RequestSpec> specs = Requests(8, config.vocab_size, 5, 0, 0);
+  EpOptions ep;
+  ep.world = 3;
+  ep.peer_timeout = absl::Milliseconds(500);
+  ep.faults = {ParseEpFault("hang:2:4:3").value()};
+  std::vector<absl::Status> ranks;
+  const absl::Time start = absl::Now();
+  absl::StatusOr<EpRunResult> result =
+      RunExpertParallel(options, ep, EpBackend::kLocal, specs, nullptr, &ranks);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_FALSE(result.ok());
+  ASSERT_EQ(ranks.size(), 3u);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    SCOPED_TRACE(r);
+    std::printf("  rank %zu: %s\n", r, ranks[r].ToString().c_str());
+    // The waiting ranks time out themselves or are aborted by one that did;
+    // the hung rank finds the group aborted with that reason.
+    EXPECT_TRUE(ranks[r].code() == absl::StatusCode::kDeadlineExceeded ||
+                absl::StrContains(ranks[r].message(), "waited"))
+        << ranks[r];
+  }
+  EXPECT_LT(took, absl::Seconds(30));
 }
 
 }  // namespace
