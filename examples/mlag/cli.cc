@@ -61,7 +61,7 @@ void EngineFlags::Register(CLI::App* app) {
       ->check(AtLeast(0));
   app->add_flag("--no-prefix-caching", no_prefix_caching, "disable prefix caching");
   app->add_option("--kv-cache-dtype", kv_cache_dtype,
-                  "auto (bf16 on every device), f32 or bf16");
+                  "auto (f32, the activations' dtype, on every device), f32 or bf16");
 }
 
 absl::StatusOr<EngineOptions> EngineFlags::ToOptions() const {

@@ -37,10 +37,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
         absl::StrCat("max_model_len ", e->max_model_len_, " exceeds the model's ",
                      "max_position_embeddings ", mc.max_position_embeddings));
   }
-  // auto: bf16 on every device. Half the bytes of f32, what the CUDA
-  // tensor-core decode kernel reads, and the same cache on every device, so
-  // a request's tokens do not depend on where it ran.
-  DType kv_dtype = DType::kBF16;
+  // auto: the activations' dtype (f32), on every device: the cache holds the
+  // latents exactly as computed, and a request's tokens do not depend on the
+  // device. bf16 halves the cache and lets CUDA decode on tensor cores, at
+  // the price of a rounding that can flip a near-tied token.
+  DType kv_dtype = DType::kF32;
   if (options.kv_cache_dtype != "auto") {
     MLAG_ASSIGN_OR_RETURN(kv_dtype, ParseDType(options.kv_cache_dtype));
     if (kv_dtype != DType::kF32 && kv_dtype != DType::kBF16) {

@@ -32,7 +32,8 @@ struct EngineOptions {
   std::string model = "tiny-v3";  // built-in name or checkpoint directory
   std::string device = "auto";    // auto, host, cuda, cuda:N
   size_t kv_cache_bytes = size_t{256} << 20;
-  // KV cache element type: "auto" (bf16, on every device), "f32" or "bf16".
+  // KV cache element type: "auto" (f32, the activations' dtype, on every
+  // device), "f32" or "bf16".
   std::string kv_cache_dtype = "auto";
   int block_size = 64;
   int max_num_seqs = 64;

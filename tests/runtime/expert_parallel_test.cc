@@ -28,9 +28,10 @@ EngineOptions Options(const std::string& model) {
   o.max_num_seqs = 4;  // admissions spread over many steps
   o.max_num_batched_tokens = 128;
   o.kv_cache_bytes = size_t{8} << 20;
-  // An f32 cache: the logits comparison below measures the expert
-  // reduction's order (partial sums per rank), which a bf16 cache would
-  // amplify into a rounding flip of a cached latent now and then.
+  // An f32 cache (the default, pinned here): the logits comparison below
+  // measures the expert reduction's order (partial sums per rank), which a
+  // bf16 cache would amplify into a rounding flip of a cached latent now and
+  // then.
   o.kv_cache_dtype = "f32";
   return o;
 }
