@@ -2,8 +2,8 @@
 // mla_attention.cu) that the tensor-core decode kernel shares with the f32
 // kernel: launch constants, cp.async copies, the kernel parameters, the
 // per-block work description and its resolution for decode. Device code
-// only; included by mla_attention.cu, and by the CPU emulation test of the
-// tensor-core kernel (tests/cuda_emu/), which compiles it with
+// only; included by mla_attention.cu, which -Demulate_cuda=true builds
+// compile for the CPU emulation (kernels/cuda/emulation/) with
 // MLAG_CUDA_EMULATION defined.
 #pragma once
 

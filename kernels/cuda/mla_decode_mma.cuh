@@ -1,6 +1,7 @@
 // The tensor-core MLA decode kernel (bf16 cache), launched by
-// kernels/cuda/mla_attention.cu. Device code only; the CPU emulation test
-// (tests/cuda_emu/) compiles it with MLAG_CUDA_EMULATION defined, where the
+// kernels/cuda/mla_attention.cu. Device code only; the CPU emulation
+// (kernels/cuda/emulation/, and tests/emulation/device_language_test.cc)
+// compiles it with MLAG_CUDA_EMULATION defined, where the
 // warp-level instructions (mma, ldmatrix, shuffles) and cp.async run through
 // an emulation of their documented semantics.
 #pragma once

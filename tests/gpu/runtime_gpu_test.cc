@@ -7,6 +7,7 @@
 #include <random>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -56,12 +57,15 @@ struct Record {
 };
 
 Record RunAll(Engine& engine, const std::vector<RequestSpec>& specs) {
+  SCOPED_TRACE(absl::StrCat("RunAll over ", specs.size(), " requests"));
   Record rec;
   std::vector<RequestId> ids;
   for (const RequestSpec& s : specs) ids.push_back(engine.AddRequest(s).value());
   const int V = engine.config().vocab_size;
   std::vector<float> row(V);
+  int step = 0;
   while (engine.HasUnfinished()) {
+    SCOPED_TRACE(absl::StrCat("step ", ++step));
     auto out = engine.Step();
     EXPECT_OK(out);
     if (!out.ok()) break;

@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/status_matchers.h"
 #include "tests/test_util.h"
@@ -134,6 +135,8 @@ void SetMap(const ExpertsData& d, const std::vector<int32_t>& map) {
 }
 
 Owned RunExperts(const ExpertsData& d) {
+  SCOPED_TRACE(absl::StrCat("RunExperts T=", d.c.T, " D=", d.c.D, " I=", d.c.I, " E=", d.c.E,
+                            " K=", d.c.K, " L=", d.L));
   Owned out = Make(DType::kF32, {d.c.T, d.c.D});
   PoisonNaN(out);
   absl::Status st =

@@ -11,6 +11,8 @@
 #include <random>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "tests/status_matchers.h"
 #include "runtime/checkpoint/builtin_models.h"
@@ -51,6 +53,8 @@ std::unique_ptr<ModelHarness> Harness(ModelSource& source, int max_tokens = 64) 
 // Logits of the last token of `prompt` fed in chunks of the given sizes.
 std::vector<float> LogitsInChunks(ModelSource& source, const std::vector<int>& prompt,
                                   const std::vector<int>& chunks) {
+  SCOPED_TRACE(absl::StrCat("LogitsInChunks: ", prompt.size(), " tokens in chunks ",
+                            absl::StrJoin(chunks, ",")));
   auto h = Harness(source);
   if (!h) return {};
   size_t pos = 0;

@@ -5,6 +5,7 @@
 #include <map>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/status_matchers.h"
 #include "runtime/engine/engine.h"
@@ -40,6 +41,7 @@ struct RunRecord {
 };
 
 RunRecord RunAll(Engine& engine, const std::vector<RequestSpec>& specs) {
+  SCOPED_TRACE(absl::StrCat("RunAll over ", specs.size(), " requests"));
   RunRecord rec;
   std::vector<RequestId> ids;
   for (const RequestSpec& s : specs) {
@@ -50,6 +52,7 @@ RunRecord RunAll(Engine& engine, const std::vector<RequestSpec>& specs) {
   const int V = engine.config().vocab_size;
   int guard = 0;
   while (engine.HasUnfinished() && ++guard < 10000) {
+    SCOPED_TRACE(absl::StrCat("step ", guard));
     auto out = engine.Step();
     EXPECT_OK(out);
     if (!out.ok()) break;
@@ -158,7 +161,7 @@ std::vector<RequestId> StartRequests(Engine& engine, const std::vector<RequestSp
                                      int steps) {
   std::vector<RequestId> ids;
   for (const RequestSpec& s : specs) ids.push_back(engine.AddRequest(s).value());
-  for (int i = 0; i < steps; ++i) EXPECT_OK(engine.Step());
+  for (int i = 0; i < steps; ++i) EXPECT_OK(engine.Step()) << "step " << i + 1 << " of " << steps;
   return ids;
 }
 
