@@ -17,8 +17,8 @@ const unsigned char* Bytes(const Tensor& t) { return static_cast<const unsigned 
 
 absl::Status CheckReducibleDType(absl::string_view op, const Tensor& t, absl::string_view arg) {
   if (IsReducible(t.dtype())) return absl::OkStatus();
-  return Invalid(op, absl::StrCat(arg, ": dtype ", DTypeName(t.dtype()),
-                                  ", expected f32, i32 or i64"));
+  return Invalid(op,
+                 absl::StrCat(arg, ": dtype ", DTypeName(t.dtype()), ", expected f32, i32 or i64"));
 }
 
 absl::Status CheckSameDType(absl::string_view op, const Tensor& send, const Tensor& recv) {
@@ -43,8 +43,8 @@ bool IsReducible(DType dtype) {
 absl::Status CheckBuffer(absl::string_view op, const Stream& stream, const Tensor& t,
                          absl::string_view arg) {
   if (t.device() != stream.device().kind()) {
-    return Invalid(op, absl::StrCat(arg, ": tensor on ", DeviceKindName(t.device()),
-                                    ", stream on ", DeviceKindName(stream.device().kind())));
+    return Invalid(op, absl::StrCat(arg, ": tensor on ", DeviceKindName(t.device()), ", stream on ",
+                                    DeviceKindName(stream.device().kind())));
   }
   if (t.data() == nullptr && t.numel() > 0) return Invalid(op, absl::StrCat(arg, ": null data"));
   if (!t.is_contiguous()) {
@@ -59,8 +59,8 @@ absl::Status CheckAllGather(absl::string_view op, const Stream& stream, const Te
   MLAG_RETURN_IF_ERROR(CheckBuffer(op, stream, recv, "recv"));
   MLAG_RETURN_IF_ERROR(CheckSameDType(op, send, recv));
   if (recv.numel() != size * send.numel()) {
-    return Invalid(op, absl::StrCat("recv has ", recv.numel(), " elements, expected ", size,
-                                    " * ", send.numel()));
+    return Invalid(op, absl::StrCat("recv has ", recv.numel(), " elements, expected ", size, " * ",
+                                    send.numel()));
   }
   if (Overlaps(send, recv) && Bytes(send) != Bytes(recv) + rank * send.nbytes()) {
     return Invalid(op, "send overlaps recv other than as this rank's slot (in place)");
@@ -75,8 +75,8 @@ absl::Status CheckReduceScatter(absl::string_view op, const Stream& stream, cons
   MLAG_RETURN_IF_ERROR(CheckReducibleDType(op, send, "send"));
   MLAG_RETURN_IF_ERROR(CheckSameDType(op, send, recv));
   if (send.numel() != size * recv.numel()) {
-    return Invalid(op, absl::StrCat("send has ", send.numel(), " elements, expected ", size,
-                                    " * ", recv.numel()));
+    return Invalid(op, absl::StrCat("send has ", send.numel(), " elements, expected ", size, " * ",
+                                    recv.numel()));
   }
   if (Overlaps(send, recv) && Bytes(recv) != Bytes(send) + rank * recv.nbytes()) {
     return Invalid(op, "recv overlaps send other than as this rank's slice (in place)");
@@ -91,8 +91,8 @@ absl::Status CheckAllReduce(absl::string_view op, const Stream& stream, const Te
   MLAG_RETURN_IF_ERROR(CheckReducibleDType(op, send, "send"));
   MLAG_RETURN_IF_ERROR(CheckSameDType(op, send, recv));
   if (send.numel() != recv.numel()) {
-    return Invalid(op, absl::StrCat("send has ", send.numel(), " elements but recv has ",
-                                    recv.numel()));
+    return Invalid(
+        op, absl::StrCat("send has ", send.numel(), " elements but recv has ", recv.numel()));
   }
   if (Overlaps(send, recv) && send.data() != recv.data()) {
     return Invalid(op, "send and recv overlap without being the same buffer");

@@ -59,8 +59,7 @@ absl::Status CheckPeer(absl::string_view op, const Stream& stream, const Tensor&
                        int size);
 
 // InvalidArgument unless the stream is a host stream (local and mpi backends).
-absl::Status CheckHostStream(absl::string_view backend, absl::string_view op,
-                             const Stream& stream);
+absl::Status CheckHostStream(absl::string_view backend, absl::string_view op, const Stream& stream);
 
 }  // namespace comm_internal
 }  // namespace mlag

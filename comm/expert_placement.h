@@ -9,9 +9,9 @@ namespace mlag {
 
 struct ExpertPlacement {
   int num_experts = 0;
-  int world = 1;               // ranks in the group
-  std::vector<int> owner;      // global expert -> rank
-  std::vector<int> slot;       // global expert -> slot on its owner
+  int world = 1;           // ranks in the group
+  std::vector<int> owner;  // global expert -> rank
+  std::vector<int> slot;   // global expert -> slot on its owner
 
   // Global ids held by `rank`, in slot order.
   std::vector<int> ExpertsOf(int rank) const {

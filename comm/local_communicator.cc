@@ -16,27 +16,44 @@ namespace mlag {
 namespace local_internal {
 namespace {
 
-enum class Op : uint8_t { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kBarrier, kScalar,
-                          kSplit };
+enum class Op : uint8_t {
+  kAllGather,
+  kReduceScatter,
+  kAllReduce,
+  kBroadcast,
+  kBarrier,
+  kScalar,
+  kSplit
+};
 
 const char* OpName(Op op) {
   switch (op) {
-    case Op::kAllGather: return "all_gather";
-    case Op::kReduceScatter: return "reduce_scatter";
-    case Op::kAllReduce: return "all_reduce";
-    case Op::kBroadcast: return "broadcast";
-    case Op::kBarrier: return "barrier";
-    case Op::kScalar: return "all_reduce_scalar";
-    case Op::kSplit: return "split";
+    case Op::kAllGather:
+      return "all_gather";
+    case Op::kReduceScatter:
+      return "reduce_scatter";
+    case Op::kAllReduce:
+      return "all_reduce";
+    case Op::kBroadcast:
+      return "broadcast";
+    case Op::kBarrier:
+      return "barrier";
+    case Op::kScalar:
+      return "all_reduce_scalar";
+    case Op::kSplit:
+      return "split";
   }
   return "?";
 }
 
 const char* ReduceOpName(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
   }
   return "?";
 }
@@ -97,8 +114,7 @@ struct Mailbox {
 // The state the ranks of one group share.
 class LocalGroup {
  public:
-  LocalGroup(int size, absl::Duration timeout)
-      : size_(size), timeout_(timeout), slots_(size) {
+  LocalGroup(int size, absl::Duration timeout) : size_(size), timeout_(timeout), slots_(size) {
     mailboxes_.reserve(static_cast<size_t>(size) * size);
     for (int i = 0; i < size * size; ++i) mailboxes_.push_back(std::make_unique<Mailbox>());
   }
@@ -187,8 +203,8 @@ class LocalGroup {
     int new_rank = -1;
     if (agree.ok() && color >= 0) {
       group = slots_[*std::min_element(members.begin(), members.end())].new_group;
-      new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank) -
-                                  members.begin());
+      new_rank =
+          static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
     }
     absl::Status arrived = Arrive(rank, name, /*inside=*/true);
     slots_[rank].new_group.reset();  // the leader's reference; peers hold their own now
@@ -198,12 +214,10 @@ class LocalGroup {
   }
 
  private:
-  absl::Status AbortedLocked(int rank, const char* name) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  absl::Status AbortedLocked(int rank, const char* name) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (abort_reason_.ok()) return absl::OkStatus();
     return absl::AbortedError(absl::StrCat("local ", name, " (rank ", rank, " of ", size_,
-                                           "): the group was aborted: ",
-                                           abort_reason_.message()));
+                                           "): the group was aborted: ", abort_reason_.message()));
   }
 
   absl::Status CheckUsable(int rank, const char* name) {
@@ -244,10 +258,10 @@ class LocalGroup {
         const int waiting_for = size_ - arrived_;
         --arrived_;
         if (inside) broken_ = true;
-        return absl::DeadlineExceededError(absl::StrCat(
-            "local ", name, " (rank ", rank, " of ", size_, "): waited ",
-            absl::FormatDuration(timeout_), " for ", waiting_for,
-            " rank(s) to reach the collective (mismatched or missing collective?)"));
+        return absl::DeadlineExceededError(
+            absl::StrCat("local ", name, " (rank ", rank, " of ", size_, "): waited ",
+                         absl::FormatDuration(timeout_), " for ", waiting_for,
+                         " rank(s) to reach the collective (mismatched or missing collective?)"));
       }
     }
     return absl::OkStatus();
@@ -273,9 +287,9 @@ class LocalGroup {
 
   absl::Mutex mu_;
   absl::CondVar cv_;
-  int arrived_ = 0;         // guarded by mu_
-  uint64_t generation_ = 0;  // guarded by mu_
-  bool broken_ = false;     // guarded by mu_
+  int arrived_ = 0;                                 // guarded by mu_
+  uint64_t generation_ = 0;                         // guarded by mu_
+  bool broken_ = false;                             // guarded by mu_
   absl::Status abort_reason_ ABSL_GUARDED_BY(mu_);  // not ok once aborted
 };
 
@@ -283,9 +297,13 @@ namespace {
 
 // The accumulator type: integer sums wrap (unsigned) instead of overflowing.
 template <typename T, bool = std::is_integral<T>::value>
-struct AccOf { using type = T; };
+struct AccOf {
+  using type = T;
+};
 template <typename T>
-struct AccOf<T, true> { using type = std::make_unsigned_t<T>; };
+struct AccOf<T, true> {
+  using type = std::make_unsigned_t<T>;
+};
 
 // out[i] = in[0][i] op in[1][i] op ... in rank order. Blocked, so `out` may
 // be exactly one of the inputs (every input element is read before the
@@ -325,10 +343,17 @@ void ReduceTyped(void* out_v, const std::vector<const void*>& in_v, int64_t n, R
 
 void Reduce(DType dtype, void* out, const std::vector<const void*>& in, int64_t n, ReduceOp op) {
   switch (dtype) {
-    case DType::kF32: ReduceTyped<float>(out, in, n, op); break;
-    case DType::kI32: ReduceTyped<int32_t>(out, in, n, op); break;
-    case DType::kI64: ReduceTyped<int64_t>(out, in, n, op); break;
-    default: break;  // rejected at launch
+    case DType::kF32:
+      ReduceTyped<float>(out, in, n, op);
+      break;
+    case DType::kI32:
+      ReduceTyped<int32_t>(out, in, n, op);
+      break;
+    case DType::kI64:
+      ReduceTyped<int64_t>(out, in, n, op);
+      break;
+    default:
+      break;  // rejected at launch
   }
 }
 
@@ -336,8 +361,10 @@ int64_t ReduceScalar(int64_t a, int64_t b, ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
       return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
-    case ReduceOp::kMax: return std::max(a, b);
-    case ReduceOp::kMin: return std::min(a, b);
+    case ReduceOp::kMax:
+      return std::max(a, b);
+    case ReduceOp::kMin:
+      return std::min(a, b);
   }
   return a;
 }
@@ -353,14 +380,14 @@ const void* Offset(const void* p, size_t bytes) {
 }  // namespace
 }  // namespace local_internal
 
+using local_internal::CopyBytes;
 using local_internal::LocalGroup;
 using local_internal::Mailbox;
-using local_internal::Op;
-using local_internal::Slot;
-using local_internal::CopyBytes;
 using local_internal::Offset;
+using local_internal::Op;
 using local_internal::Reduce;
 using local_internal::ReduceScalar;
+using local_internal::Slot;
 namespace ci = comm_internal;
 
 LocalCommunicator::LocalCommunicator(std::shared_ptr<LocalGroup> group, int rank)
@@ -386,23 +413,24 @@ int LocalCommunicator::size() const { return group_->size(); }
 absl::Status LocalCommunicator::AllGather(Stream& stream, const Tensor& send, const Tensor& recv) {
   MLAG_RETURN_IF_ERROR(ci::CheckHostStream("local", ci::kAllGatherName, stream));
   MLAG_RETURN_IF_ERROR(ci::CheckAllGather(ci::kAllGatherName, stream, send, recv, rank_, size()));
-  return stream.LaunchHost(ci::kAllGatherName, OpKind::kComm,
-                           [group = group_, rank = rank_, send, recv]() -> absl::Status {
-    Slot mine;
-    mine.desc = {Op::kAllGather, send.nbytes(), send.dtype(), ReduceOp::kSum, -1};
-    mine.send = send.data();
-    mine.recv = recv.data();
-    const size_t bytes = send.nbytes();
-    return group->Run(
-        rank, mine,
-        [&](const std::vector<Slot>& slots) {
-          auto* out = static_cast<unsigned char*>(recv.data());
-          for (size_t p = 0; p < slots.size(); ++p) {
-            CopyBytes(out + p * bytes, slots[p].send, bytes);
-          }
-        },
-        [] {});
-  });
+  return stream.LaunchHost(
+      ci::kAllGatherName, OpKind::kComm,
+      [group = group_, rank = rank_, send, recv]() -> absl::Status {
+        Slot mine;
+        mine.desc = {Op::kAllGather, send.nbytes(), send.dtype(), ReduceOp::kSum, -1};
+        mine.send = send.data();
+        mine.recv = recv.data();
+        const size_t bytes = send.nbytes();
+        return group->Run(
+            rank, mine,
+            [&](const std::vector<Slot>& slots) {
+              auto* out = static_cast<unsigned char*>(recv.data());
+              for (size_t p = 0; p < slots.size(); ++p) {
+                CopyBytes(out + p * bytes, slots[p].send, bytes);
+              }
+            },
+            [] {});
+      });
 }
 
 absl::Status LocalCommunicator::ReduceScatter(Stream& stream, const Tensor& send,
@@ -410,25 +438,26 @@ absl::Status LocalCommunicator::ReduceScatter(Stream& stream, const Tensor& send
   MLAG_RETURN_IF_ERROR(ci::CheckHostStream("local", ci::kReduceScatterName, stream));
   MLAG_RETURN_IF_ERROR(
       ci::CheckReduceScatter(ci::kReduceScatterName, stream, send, recv, rank_, size()));
-  return stream.LaunchHost(ci::kReduceScatterName, OpKind::kComm,
-                           [group = group_, rank = rank_, send, recv]() -> absl::Status {
-    Slot mine;
-    mine.desc = {Op::kReduceScatter, send.nbytes(), send.dtype(), ReduceOp::kSum, -1};
-    mine.send = send.data();
-    mine.recv = recv.data();
-    // Only this rank reads slice `rank` of any send, so recv may be this
-    // rank's own slice (in place): the blocked reduction reads before writing.
-    const size_t slice_bytes = recv.nbytes();
-    return group->Run(
-        rank, mine,
-        [&](const std::vector<Slot>& slots) {
-          std::vector<const void*> in;
-          in.reserve(slots.size());
-          for (const Slot& s : slots) in.push_back(Offset(s.send, rank * slice_bytes));
-          Reduce(recv.dtype(), recv.data(), in, recv.numel(), ReduceOp::kSum);
-        },
-        [] {});
-  });
+  return stream.LaunchHost(
+      ci::kReduceScatterName, OpKind::kComm,
+      [group = group_, rank = rank_, send, recv]() -> absl::Status {
+        Slot mine;
+        mine.desc = {Op::kReduceScatter, send.nbytes(), send.dtype(), ReduceOp::kSum, -1};
+        mine.send = send.data();
+        mine.recv = recv.data();
+        // Only this rank reads slice `rank` of any send, so recv may be this
+        // rank's own slice (in place): the blocked reduction reads before writing.
+        const size_t slice_bytes = recv.nbytes();
+        return group->Run(
+            rank, mine,
+            [&](const std::vector<Slot>& slots) {
+              std::vector<const void*> in;
+              in.reserve(slots.size());
+              for (const Slot& s : slots) in.push_back(Offset(s.send, rank * slice_bytes));
+              Reduce(recv.dtype(), recv.data(), in, recv.numel(), ReduceOp::kSum);
+            },
+            [] {});
+      });
 }
 
 absl::Status LocalCommunicator::AllReduce(Stream& stream, const Tensor& send, const Tensor& recv,
@@ -441,42 +470,43 @@ absl::Status LocalCommunicator::AllReduce(Stream& stream, const Tensor& send, co
   if (send.data() == recv.data() && recv.nbytes() > 0) {
     scratch = std::make_shared<std::vector<unsigned char>>(recv.nbytes());
   }
-  return stream.LaunchHost(ci::kAllReduceName, OpKind::kComm,
-                           [group = group_, rank = rank_, send, recv, op,
-                            scratch]() -> absl::Status {
-    Slot mine;
-    mine.desc = {Op::kAllReduce, send.nbytes(), send.dtype(), op, -1};
-    mine.send = send.data();
-    mine.recv = recv.data();
-    void* out = scratch ? static_cast<void*>(scratch->data()) : recv.data();
-    return group->Run(
-        rank, mine,
-        [&](const std::vector<Slot>& slots) {
-          std::vector<const void*> in;
-          in.reserve(slots.size());
-          for (const Slot& s : slots) in.push_back(s.send);
-          Reduce(recv.dtype(), out, in, recv.numel(), op);
-        },
-        [&] { CopyBytes(recv.data(), out, recv.nbytes()); });
-  });
+  return stream.LaunchHost(
+      ci::kAllReduceName, OpKind::kComm,
+      [group = group_, rank = rank_, send, recv, op, scratch]() -> absl::Status {
+        Slot mine;
+        mine.desc = {Op::kAllReduce, send.nbytes(), send.dtype(), op, -1};
+        mine.send = send.data();
+        mine.recv = recv.data();
+        void* out = scratch ? static_cast<void*>(scratch->data()) : recv.data();
+        return group->Run(
+            rank, mine,
+            [&](const std::vector<Slot>& slots) {
+              std::vector<const void*> in;
+              in.reserve(slots.size());
+              for (const Slot& s : slots) in.push_back(s.send);
+              Reduce(recv.dtype(), out, in, recv.numel(), op);
+            },
+            [&] { CopyBytes(recv.data(), out, recv.nbytes()); });
+      });
 }
 
 absl::Status LocalCommunicator::Broadcast(Stream& stream, const Tensor& buffer, int root) {
   MLAG_RETURN_IF_ERROR(ci::CheckHostStream("local", ci::kBroadcastName, stream));
   MLAG_RETURN_IF_ERROR(ci::CheckBroadcast(ci::kBroadcastName, stream, buffer, root, size()));
-  return stream.LaunchHost(ci::kBroadcastName, OpKind::kComm,
-                           [group = group_, rank = rank_, buffer, root]() -> absl::Status {
-    Slot mine;
-    mine.desc = {Op::kBroadcast, buffer.nbytes(), buffer.dtype(), ReduceOp::kSum, root};
-    mine.send = buffer.data();
-    mine.recv = buffer.data();
-    return group->Run(
-        rank, mine,
-        [&](const std::vector<Slot>& slots) {
-          if (rank != root) CopyBytes(buffer.data(), slots[root].send, buffer.nbytes());
-        },
-        [] {});
-  });
+  return stream.LaunchHost(
+      ci::kBroadcastName, OpKind::kComm,
+      [group = group_, rank = rank_, buffer, root]() -> absl::Status {
+        Slot mine;
+        mine.desc = {Op::kBroadcast, buffer.nbytes(), buffer.dtype(), ReduceOp::kSum, root};
+        mine.send = buffer.data();
+        mine.recv = buffer.data();
+        return group->Run(
+            rank, mine,
+            [&](const std::vector<Slot>& slots) {
+              if (rank != root) CopyBytes(buffer.data(), slots[root].send, buffer.nbytes());
+            },
+            [] {});
+      });
 }
 
 absl::Status LocalCommunicator::Send(Stream& stream, const Tensor& buffer, int peer) {
@@ -486,34 +516,34 @@ absl::Status LocalCommunicator::Send(Stream& stream, const Tensor& buffer, int p
     return absl::InvalidArgumentError(
         "send: the local backend cannot send to its own rank (Send waits for the Recv)");
   }
-  return stream.LaunchHost(ci::kSendName, OpKind::kComm,
-                           [group = group_, rank = rank_, buffer, peer]() -> absl::Status {
-    Mailbox& box = group->mailbox(rank, peer);
-    absl::MutexLock lock(&box.mu);
-    const absl::Time deadline = absl::Now() + group->timeout();
-    box.posted = true;
-    box.taken = false;
-    box.data = buffer.data();
-    box.bytes = buffer.nbytes();
-    box.cv.SignalAll();
-    while (!box.taken) {
-      absl::Status aborted = group->Aborted(rank, "send");
-      if (!aborted.ok()) {
-        box.posted = false;  // withdraw: the buffer is the caller's again
-        return aborted;
-      }
-      if (box.cv.WaitWithDeadline(&box.mu, deadline) && !box.taken) {
-        box.posted = false;  // withdraw: the buffer is the caller's again
-        return absl::DeadlineExceededError(absl::StrCat(
-            "local send (rank ", rank, " to rank ", peer, "): waited ",
-            absl::FormatDuration(group->timeout()), " for the matching recv"));
-      }
-    }
-    box.posted = false;
-    box.taken = false;
-    box.cv.SignalAll();
-    return box.result;
-  });
+  return stream.LaunchHost(
+      ci::kSendName, OpKind::kComm, [group = group_, rank = rank_, buffer, peer]() -> absl::Status {
+        Mailbox& box = group->mailbox(rank, peer);
+        absl::MutexLock lock(&box.mu);
+        const absl::Time deadline = absl::Now() + group->timeout();
+        box.posted = true;
+        box.taken = false;
+        box.data = buffer.data();
+        box.bytes = buffer.nbytes();
+        box.cv.SignalAll();
+        while (!box.taken) {
+          absl::Status aborted = group->Aborted(rank, "send");
+          if (!aborted.ok()) {
+            box.posted = false;  // withdraw: the buffer is the caller's again
+            return aborted;
+          }
+          if (box.cv.WaitWithDeadline(&box.mu, deadline) && !box.taken) {
+            box.posted = false;  // withdraw: the buffer is the caller's again
+            return absl::DeadlineExceededError(
+                absl::StrCat("local send (rank ", rank, " to rank ", peer, "): waited ",
+                             absl::FormatDuration(group->timeout()), " for the matching recv"));
+          }
+        }
+        box.posted = false;
+        box.taken = false;
+        box.cv.SignalAll();
+        return box.result;
+      });
 }
 
 absl::Status LocalCommunicator::Recv(Stream& stream, const Tensor& buffer, int peer) {
@@ -523,37 +553,38 @@ absl::Status LocalCommunicator::Recv(Stream& stream, const Tensor& buffer, int p
     return absl::InvalidArgumentError(
         "recv: the local backend cannot receive from its own rank (Send waits for the Recv)");
   }
-  return stream.LaunchHost(ci::kRecvName, OpKind::kComm,
-                           [group = group_, rank = rank_, buffer, peer]() -> absl::Status {
-    Mailbox& box = group->mailbox(peer, rank);
-    absl::MutexLock lock(&box.mu);
-    const absl::Time deadline = absl::Now() + group->timeout();
-    while (!box.posted || box.taken) {
-      MLAG_RETURN_IF_ERROR(group->Aborted(rank, "recv"));
-      if (box.cv.WaitWithDeadline(&box.mu, deadline) && (!box.posted || box.taken)) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "local recv (rank ", rank, " from rank ", peer, "): waited ",
-            absl::FormatDuration(group->timeout()), " for the matching send"));
-      }
-    }
-    if (box.bytes != buffer.nbytes()) {
-      box.result = absl::InvalidArgumentError(
-          absl::StrCat("local send/recv (rank ", peer, " to rank ", rank, "): send of ",
-                       box.bytes, " bytes matched a recv of ", buffer.nbytes(), " bytes"));
-    } else {
-      CopyBytes(buffer.data(), box.data, box.bytes);
-      box.result = absl::OkStatus();
-    }
-    box.taken = true;
-    box.cv.SignalAll();
-    return box.result;
-  });
+  return stream.LaunchHost(
+      ci::kRecvName, OpKind::kComm, [group = group_, rank = rank_, buffer, peer]() -> absl::Status {
+        Mailbox& box = group->mailbox(peer, rank);
+        absl::MutexLock lock(&box.mu);
+        const absl::Time deadline = absl::Now() + group->timeout();
+        while (!box.posted || box.taken) {
+          MLAG_RETURN_IF_ERROR(group->Aborted(rank, "recv"));
+          if (box.cv.WaitWithDeadline(&box.mu, deadline) && (!box.posted || box.taken)) {
+            return absl::DeadlineExceededError(
+                absl::StrCat("local recv (rank ", rank, " from rank ", peer, "): waited ",
+                             absl::FormatDuration(group->timeout()), " for the matching send"));
+          }
+        }
+        if (box.bytes != buffer.nbytes()) {
+          box.result = absl::InvalidArgumentError(
+              absl::StrCat("local send/recv (rank ", peer, " to rank ", rank, "): send of ",
+                           box.bytes, " bytes matched a recv of ", buffer.nbytes(), " bytes"));
+        } else {
+          CopyBytes(buffer.data(), box.data, box.bytes);
+          box.result = absl::OkStatus();
+        }
+        box.taken = true;
+        box.cv.SignalAll();
+        return box.result;
+      });
 }
 
 absl::Status LocalCommunicator::Barrier() {
   Slot mine;
   mine.desc.op = Op::kBarrier;
-  return group_->Run(rank_, mine, [](const std::vector<Slot>&) {}, [] {});
+  return group_->Run(
+      rank_, mine, [](const std::vector<Slot>&) {}, [] {});
 }
 
 absl::StatusOr<int64_t> LocalCommunicator::AllReduceScalar(int64_t value, ReduceOp op) {

@@ -53,9 +53,9 @@ absl::Status WaitFor(MPI_Request* request, MPI_Status* status, absl::string_view
     MLAG_MPI_CALL(MPI_Test, request, &done, status);
     if (done) return absl::OkStatus();
     if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "mpi rank ", rank, ": ", op, " did not complete within ", absl::FormatDuration(timeout),
-          ": a peer is dead or hung"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("mpi rank ", rank, ": ", op, " did not complete within ",
+                       absl::FormatDuration(timeout), ": a peer is dead or hung"));
     }
     absl::SleepFor(pause);
     pause = std::min(pause * 2, absl::Milliseconds(1));
@@ -83,17 +83,23 @@ bool MpiFinalized() {
 
 MPI_Datatype MpiType(DType dtype) {
   switch (dtype) {
-    case DType::kI32: return MPI_INT32_T;
-    case DType::kI64: return MPI_INT64_T;
-    default: return MPI_FLOAT;  // f32; the other dtypes are rejected at launch
+    case DType::kI32:
+      return MPI_INT32_T;
+    case DType::kI64:
+      return MPI_INT64_T;
+    default:
+      return MPI_FLOAT;  // f32; the other dtypes are rejected at launch
   }
 }
 
 MPI_Op MpiOp(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return MPI_SUM;
-    case ReduceOp::kMax: return MPI_MAX;
-    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kSum:
+      return MPI_SUM;
+    case ReduceOp::kMax:
+      return MPI_MAX;
+    case ReduceOp::kMin:
+      return MPI_MIN;
   }
   return MPI_SUM;
 }
@@ -112,7 +118,8 @@ struct MpiCommunicator::Handle {
   int rank = 0;
   absl::Duration timeout = absl::Seconds(60);
   // Waits for `request` of operation `op` within the timeout.
-  absl::Status Wait(MPI_Request* request, absl::string_view op, MPI_Status* status = nullptr) const {
+  absl::Status Wait(MPI_Request* request, absl::string_view op,
+                    MPI_Status* status = nullptr) const {
     MPI_Status ignored;
     return WaitFor(request, status != nullptr ? status : &ignored, op, rank, timeout);
   }
@@ -177,12 +184,13 @@ absl::Status MpiCommunicator::AllGather(Stream& stream, const Tensor& send, cons
   const bool in_place = send.nbytes() > 0 && ci::Overlaps(send, recv);
   return stream.LaunchHost(ci::kAllGatherName, OpKind::kComm,
                            [handle = handle_, send, recv, in_place]() -> absl::Status {
-    const int bytes = static_cast<int>(send.nbytes());
-    MPI_Request request;
-    MLAG_MPI_CALL(MPI_Iallgather, in_place ? MPI_IN_PLACE : send.data(), bytes, MPI_BYTE,
-                  recv.data(), bytes, MPI_BYTE, handle->comm, &request);
-    return handle->Wait(&request, ci::kAllGatherName);
-  });
+                             const int bytes = static_cast<int>(send.nbytes());
+                             MPI_Request request;
+                             MLAG_MPI_CALL(MPI_Iallgather, in_place ? MPI_IN_PLACE : send.data(),
+                                           bytes, MPI_BYTE, recv.data(), bytes, MPI_BYTE,
+                                           handle->comm, &request);
+                             return handle->Wait(&request, ci::kAllGatherName);
+                           });
 }
 
 absl::Status MpiCommunicator::ReduceScatter(Stream& stream, const Tensor& send,
@@ -197,16 +205,17 @@ absl::Status MpiCommunicator::ReduceScatter(Stream& stream, const Tensor& send,
   if (ci::Overlaps(send, recv)) {
     scratch = std::make_shared<std::vector<unsigned char>>(recv.nbytes());
   }
-  return stream.LaunchHost(ci::kReduceScatterName, OpKind::kComm,
-                           [handle = handle_, send, recv, scratch]() -> absl::Status {
-    void* out = scratch ? static_cast<void*>(scratch->data()) : recv.data();
-    MPI_Request request;
-    MLAG_MPI_CALL(MPI_Ireduce_scatter_block, send.data(), out, static_cast<int>(recv.numel()),
-                  MpiType(recv.dtype()), MPI_SUM, handle->comm, &request);
-    MLAG_RETURN_IF_ERROR(handle->Wait(&request, ci::kReduceScatterName));
-    if (scratch) std::memcpy(recv.data(), out, recv.nbytes());
-    return absl::OkStatus();
-  });
+  return stream.LaunchHost(
+      ci::kReduceScatterName, OpKind::kComm,
+      [handle = handle_, send, recv, scratch]() -> absl::Status {
+        void* out = scratch ? static_cast<void*>(scratch->data()) : recv.data();
+        MPI_Request request;
+        MLAG_MPI_CALL(MPI_Ireduce_scatter_block, send.data(), out, static_cast<int>(recv.numel()),
+                      MpiType(recv.dtype()), MPI_SUM, handle->comm, &request);
+        MLAG_RETURN_IF_ERROR(handle->Wait(&request, ci::kReduceScatterName));
+        if (scratch) std::memcpy(recv.data(), out, recv.nbytes());
+        return absl::OkStatus();
+      });
 }
 
 absl::Status MpiCommunicator::AllReduce(Stream& stream, const Tensor& send, const Tensor& recv,
@@ -217,25 +226,26 @@ absl::Status MpiCommunicator::AllReduce(Stream& stream, const Tensor& send, cons
   const bool in_place = send.data() == recv.data();
   return stream.LaunchHost(ci::kAllReduceName, OpKind::kComm,
                            [handle = handle_, send, recv, op, in_place]() -> absl::Status {
-    MPI_Request request;
-    MLAG_MPI_CALL(MPI_Iallreduce, in_place ? MPI_IN_PLACE : send.data(), recv.data(),
-                  static_cast<int>(recv.numel()), MpiType(recv.dtype()), MpiOp(op),
-                  handle->comm, &request);
-    return handle->Wait(&request, ci::kAllReduceName);
-  });
+                             MPI_Request request;
+                             MLAG_MPI_CALL(MPI_Iallreduce, in_place ? MPI_IN_PLACE : send.data(),
+                                           recv.data(), static_cast<int>(recv.numel()),
+                                           MpiType(recv.dtype()), MpiOp(op), handle->comm,
+                                           &request);
+                             return handle->Wait(&request, ci::kAllReduceName);
+                           });
 }
 
 absl::Status MpiCommunicator::Broadcast(Stream& stream, const Tensor& buffer, int root) {
   MLAG_RETURN_IF_ERROR(ci::CheckHostStream("mpi", ci::kBroadcastName, stream));
   MLAG_RETURN_IF_ERROR(ci::CheckBroadcast(ci::kBroadcastName, stream, buffer, root, size_));
   MLAG_RETURN_IF_ERROR(CheckCount(ci::kBroadcastName, buffer.nbytes()));
-  return stream.LaunchHost(ci::kBroadcastName, OpKind::kComm,
-                           [handle = handle_, buffer, root]() -> absl::Status {
-    MPI_Request request;
-    MLAG_MPI_CALL(MPI_Ibcast, buffer.data(), static_cast<int>(buffer.nbytes()), MPI_BYTE, root,
-                  handle->comm, &request);
-    return handle->Wait(&request, ci::kBroadcastName);
-  });
+  return stream.LaunchHost(
+      ci::kBroadcastName, OpKind::kComm, [handle = handle_, buffer, root]() -> absl::Status {
+        MPI_Request request;
+        MLAG_MPI_CALL(MPI_Ibcast, buffer.data(), static_cast<int>(buffer.nbytes()), MPI_BYTE, root,
+                      handle->comm, &request);
+        return handle->Wait(&request, ci::kBroadcastName);
+      });
 }
 
 namespace {
@@ -246,35 +256,35 @@ absl::Status MpiCommunicator::Send(Stream& stream, const Tensor& buffer, int pee
   MLAG_RETURN_IF_ERROR(ci::CheckHostStream("mpi", ci::kSendName, stream));
   MLAG_RETURN_IF_ERROR(ci::CheckPeer(ci::kSendName, stream, buffer, peer, size_));
   MLAG_RETURN_IF_ERROR(CheckCount(ci::kSendName, buffer.nbytes()));
-  return stream.LaunchHost(ci::kSendName, OpKind::kComm,
-                           [handle = handle_, buffer, peer]() -> absl::Status {
-    MPI_Request request;
-    MLAG_MPI_CALL(MPI_Isend, buffer.data(), static_cast<int>(buffer.nbytes()), MPI_BYTE, peer,
-                  kPointToPointTag, handle->comm, &request);
-    return handle->Wait(&request, ci::kSendName);
-  });
+  return stream.LaunchHost(
+      ci::kSendName, OpKind::kComm, [handle = handle_, buffer, peer]() -> absl::Status {
+        MPI_Request request;
+        MLAG_MPI_CALL(MPI_Isend, buffer.data(), static_cast<int>(buffer.nbytes()), MPI_BYTE, peer,
+                      kPointToPointTag, handle->comm, &request);
+        return handle->Wait(&request, ci::kSendName);
+      });
 }
 
 absl::Status MpiCommunicator::Recv(Stream& stream, const Tensor& buffer, int peer) {
   MLAG_RETURN_IF_ERROR(ci::CheckHostStream("mpi", ci::kRecvName, stream));
   MLAG_RETURN_IF_ERROR(ci::CheckPeer(ci::kRecvName, stream, buffer, peer, size_));
   MLAG_RETURN_IF_ERROR(CheckCount(ci::kRecvName, buffer.nbytes()));
-  return stream.LaunchHost(ci::kRecvName, OpKind::kComm,
-                           [handle = handle_, buffer, peer]() -> absl::Status {
-    MPI_Status status;
-    MPI_Request request;
-    MLAG_MPI_CALL(MPI_Irecv, buffer.data(), static_cast<int>(buffer.nbytes()), MPI_BYTE, peer,
-                  kPointToPointTag, handle->comm, &request);
-    MLAG_RETURN_IF_ERROR(handle->Wait(&request, ci::kRecvName, &status));
-    int received = 0;
-    MLAG_MPI_CALL(MPI_Get_count, &status, MPI_BYTE, &received);
-    if (static_cast<size_t>(received) != buffer.nbytes()) {
-      return absl::InvalidArgumentError(absl::StrCat("mpi recv from rank ", peer, ": got ",
-                                                     received, " bytes, expected ",
-                                                     buffer.nbytes()));
-    }
-    return absl::OkStatus();
-  });
+  return stream.LaunchHost(
+      ci::kRecvName, OpKind::kComm, [handle = handle_, buffer, peer]() -> absl::Status {
+        MPI_Status status;
+        MPI_Request request;
+        MLAG_MPI_CALL(MPI_Irecv, buffer.data(), static_cast<int>(buffer.nbytes()), MPI_BYTE, peer,
+                      kPointToPointTag, handle->comm, &request);
+        MLAG_RETURN_IF_ERROR(handle->Wait(&request, ci::kRecvName, &status));
+        int received = 0;
+        MLAG_MPI_CALL(MPI_Get_count, &status, MPI_BYTE, &received);
+        if (static_cast<size_t>(received) != buffer.nbytes()) {
+          return absl::InvalidArgumentError(absl::StrCat("mpi recv from rank ", peer, ": got ",
+                                                         received, " bytes, expected ",
+                                                         buffer.nbytes()));
+        }
+        return absl::OkStatus();
+      });
 }
 
 absl::Status MpiCommunicator::Barrier() {

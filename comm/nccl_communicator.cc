@@ -56,21 +56,30 @@ class ScopedDevice {
 
 ncclDataType_t NcclType(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return ncclFloat32;
-    case DType::kBF16: return ncclBfloat16;
-    case DType::kF16: return ncclFloat16;
-    case DType::kI32: return ncclInt32;
-    case DType::kI64: return ncclInt64;
-    case DType::kU8: return ncclUint8;
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kF16:
+      return ncclFloat16;
+    case DType::kI32:
+      return ncclInt32;
+    case DType::kI64:
+      return ncclInt64;
+    case DType::kU8:
+      return ncclUint8;
   }
   return ncclUint8;
 }
 
 ncclRedOp_t NcclOp(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
   }
   return ncclSum;
 }
@@ -78,8 +87,8 @@ ncclRedOp_t NcclOp(ReduceOp op) {
 }  // namespace
 
 struct NcclCommunicator::Handle {
-  ncclComm_t comm = nullptr;      // nullptr after Abort
-  absl::Status aborted;           // what every call returns after Abort
+  ncclComm_t comm = nullptr;  // nullptr after Abort
+  absl::Status aborted;       // what every call returns after Abort
   int device = -1;
   absl::Duration timeout = absl::Seconds(60);
   cudaStream_t stream = nullptr;  // Barrier / AllReduceScalar
@@ -104,7 +113,7 @@ int NcclCommunicator::device() const { return handle_->device; }
 ncclComm_t NcclCommunicator::native() const { return handle_->comm; }
 
 absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Wrap(ncclComm_t comm, int device,
-                                                                    absl::Duration timeout) {
+                                                                     absl::Duration timeout) {
   auto handle = std::make_unique<Handle>();
   handle->comm = comm;
   handle->device = device;
@@ -223,11 +232,9 @@ absl::Status NcclCommunicator::AllGather(Stream& stream, const Tensor& send, con
   MLAG_RETURN_IF_ERROR(CheckStream(ci::kAllGatherName, stream));
   MLAG_RETURN_IF_ERROR(ci::CheckAllGather(ci::kAllGatherName, stream, send, recv, rank_, size_));
   ncclComm_t comm = handle_->comm;
-  return Enqueue(stream, ci::kAllGatherName, "ncclAllGather", handle_->device,
-                 [&](cudaStream_t s) {
-                   return ncclAllGather(send.data(), recv.data(), send.nbytes(), ncclUint8, comm,
-                                        s);
-                 });
+  return Enqueue(stream, ci::kAllGatherName, "ncclAllGather", handle_->device, [&](cudaStream_t s) {
+    return ncclAllGather(send.data(), recv.data(), send.nbytes(), ncclUint8, comm, s);
+  });
 }
 
 absl::Status NcclCommunicator::AllGatherMany(
@@ -257,12 +264,11 @@ absl::Status NcclCommunicator::ReduceScatter(Stream& stream, const Tensor& send,
   MLAG_RETURN_IF_ERROR(
       ci::CheckReduceScatter(ci::kReduceScatterName, stream, send, recv, rank_, size_));
   ncclComm_t comm = handle_->comm;
-  return Enqueue(stream, ci::kReduceScatterName, "ncclReduceScatter", handle_->device,
-                 [&](cudaStream_t s) {
-                   return ncclReduceScatter(send.data(), recv.data(),
-                                            static_cast<size_t>(recv.numel()),
-                                            NcclType(recv.dtype()), ncclSum, comm, s);
-                 });
+  return Enqueue(
+      stream, ci::kReduceScatterName, "ncclReduceScatter", handle_->device, [&](cudaStream_t s) {
+        return ncclReduceScatter(send.data(), recv.data(), static_cast<size_t>(recv.numel()),
+                                 NcclType(recv.dtype()), ncclSum, comm, s);
+      });
 }
 
 absl::Status NcclCommunicator::AllReduce(Stream& stream, const Tensor& send, const Tensor& recv,
@@ -270,23 +276,19 @@ absl::Status NcclCommunicator::AllReduce(Stream& stream, const Tensor& send, con
   MLAG_RETURN_IF_ERROR(CheckStream(ci::kAllReduceName, stream));
   MLAG_RETURN_IF_ERROR(ci::CheckAllReduce(ci::kAllReduceName, stream, send, recv));
   ncclComm_t comm = handle_->comm;
-  return Enqueue(stream, ci::kAllReduceName, "ncclAllReduce", handle_->device,
-                 [&](cudaStream_t s) {
-                   return ncclAllReduce(send.data(), recv.data(),
-                                        static_cast<size_t>(recv.numel()),
-                                        NcclType(recv.dtype()), NcclOp(op), comm, s);
-                 });
+  return Enqueue(stream, ci::kAllReduceName, "ncclAllReduce", handle_->device, [&](cudaStream_t s) {
+    return ncclAllReduce(send.data(), recv.data(), static_cast<size_t>(recv.numel()),
+                         NcclType(recv.dtype()), NcclOp(op), comm, s);
+  });
 }
 
 absl::Status NcclCommunicator::Broadcast(Stream& stream, const Tensor& buffer, int root) {
   MLAG_RETURN_IF_ERROR(CheckStream(ci::kBroadcastName, stream));
   MLAG_RETURN_IF_ERROR(ci::CheckBroadcast(ci::kBroadcastName, stream, buffer, root, size_));
   ncclComm_t comm = handle_->comm;
-  return Enqueue(stream, ci::kBroadcastName, "ncclBroadcast", handle_->device,
-                 [&](cudaStream_t s) {
-                   return ncclBroadcast(buffer.data(), buffer.data(), buffer.nbytes(), ncclUint8,
-                                        root, comm, s);
-                 });
+  return Enqueue(stream, ci::kBroadcastName, "ncclBroadcast", handle_->device, [&](cudaStream_t s) {
+    return ncclBroadcast(buffer.data(), buffer.data(), buffer.nbytes(), ncclUint8, root, comm, s);
+  });
 }
 
 absl::Status NcclCommunicator::Send(Stream& stream, const Tensor& buffer, int peer) {
@@ -316,9 +318,9 @@ absl::Status NcclCommunicator::WaitInternal(absl::string_view op) {
     if (e != cudaErrorNotReady) return CudaStatus(e, "cudaStreamQuery", MLAG_WHERE_);
     MLAG_RETURN_IF_ERROR(Health());
     if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "nccl rank ", rank_, " of ", size_, ": ", op, " did not complete within ",
-          absl::FormatDuration(handle_->timeout), ": a peer is dead or hung"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("nccl rank ", rank_, " of ", size_, ": ", op, " did not complete within ",
+                       absl::FormatDuration(handle_->timeout), ": a peer is dead or hung"));
     }
     absl::SleepFor(pause);
     pause = std::min(pause * 2, absl::Milliseconds(1));
@@ -371,9 +373,8 @@ void NcclCommunicator::Abort(const absl::Status& reason) {
     handle_->comm = nullptr;
   }
   if (handle_->aborted.ok()) {
-    handle_->aborted = absl::AbortedError(absl::StrCat("nccl rank ", rank_, " of ", size_,
-                                                       ": the communicator was aborted: ",
-                                                       reason.message()));
+    handle_->aborted = absl::AbortedError(absl::StrCat(
+        "nccl rank ", rank_, " of ", size_, ": the communicator was aborted: ", reason.message()));
   }
 }
 

@@ -3,9 +3,9 @@
  *
  * Usage: embed [MODEL]   (MODEL: a built-in name or a checkpoint
  * directory; default tiny-v3). */
-#include "runtime/capi/mlagraph.h"
-
 #include <stdio.h>
+
+#include "runtime/capi/mlagraph.h"
 
 /* Prints the library's message (it names the failed function); 1 on failure. */
 static int failed(mlag_status status) {

@@ -21,8 +21,8 @@ absl::Status SiluAndMul(Stream& stream, const Tensor& gate_up, const Tensor& out
   MLAG_RETURN_IF_ERROR(CheckDType(out, "out", {DType::kF32, DType::kBF16}));
   MLAG_RETURN_IF_ERROR(CheckShape(gate_up, "gate_up", {-1, -1}));
   if (gate_up.size(1) % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gate_up: last dimension ", gate_up.size(1), " is odd, expected 2I (gate then up)"));
+    return absl::InvalidArgumentError(absl::StrCat("gate_up: last dimension ", gate_up.size(1),
+                                                   " is odd, expected 2I (gate then up)"));
   }
   MLAG_RETURN_IF_ERROR(CheckShape(out, "out", {gate_up.size(0), gate_up.size(1) / 2}));
   MLAG_RETURN_IF_ERROR(CheckRowMajor(gate_up, "gate_up"));
@@ -31,9 +31,8 @@ absl::Status SiluAndMul(Stream& stream, const Tensor& gate_up, const Tensor& out
 #if MLAG_HAVE_CUDA
     return stream.LaunchCuda("silu_and_mul", OpKind::kKernel, [&](void* s) {
       return static_cast<int>(cuda::LaunchSiluAndMul(
-          gate_up.data(), gate_up.dtype(), gate_up.stride(0), out.data(),
-          out.dtype(), out.stride(0), out.size(0), out.size(1),
-          static_cast<cudaStream_t>(s)));
+          gate_up.data(), gate_up.dtype(), gate_up.stride(0), out.data(), out.dtype(),
+          out.stride(0), out.size(0), out.size(1), static_cast<cudaStream_t>(s)));
     });
 #endif
   }

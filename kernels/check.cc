@@ -10,9 +10,8 @@ absl::Status CheckDType(const Tensor& t, absl::string_view arg,
   for (DType d : allowed) {
     if (t.dtype() == d) return absl::OkStatus();
   }
-  std::string names = absl::StrJoin(allowed, "/", [](std::string* out, DType d) {
-    absl::StrAppend(out, DTypeName(d));
-  });
+  std::string names = absl::StrJoin(
+      allowed, "/", [](std::string* out, DType d) { absl::StrAppend(out, DTypeName(d)); });
   return absl::InvalidArgumentError(
       absl::StrCat(arg, ": dtype ", DTypeName(t.dtype()), ", expected ", names));
 }
@@ -42,8 +41,8 @@ absl::Status CheckRowMajor(const Tensor& t, absl::string_view arg) {
 
 absl::Status CheckContiguous(const Tensor& t, absl::string_view arg) {
   if (t.is_contiguous()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(arg, ": must be contiguous, strides [",
-                                                 absl::StrJoin(t.strides(), ", "), "]"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(arg, ": must be contiguous, strides [", absl::StrJoin(t.strides(), ", "), "]"));
 }
 
 absl::Status CheckOnStream(const Stream& stream, const Tensor& t, absl::string_view arg) {

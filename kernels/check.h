@@ -4,20 +4,22 @@
 #pragma once
 
 #include <initializer_list>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "runtime/core/stream.h"
 #include "runtime/core/tensor.h"
 
 namespace mlag {
 
 // `t` has one of the `allowed` dtypes.
-absl::Status CheckDType(const Tensor& t, absl::string_view arg, std::initializer_list<DType> allowed);
+absl::Status CheckDType(const Tensor& t, absl::string_view arg,
+                        std::initializer_list<DType> allowed);
 
 // `t` has exactly `shape.size()` dims and each size equals `shape[d]`;
 // an entry of -1 accepts any size.
-absl::Status CheckShape(const Tensor& t, absl::string_view arg, std::initializer_list<int64_t> shape);
+absl::Status CheckShape(const Tensor& t, absl::string_view arg,
+                        std::initializer_list<int64_t> shape);
 
 // The last dimension is unit-stride (rows may have any stride).
 absl::Status CheckRowMajor(const Tensor& t, absl::string_view arg);

@@ -26,13 +26,12 @@ namespace {
 // Status for a cuBLAS(Lt) return code: Internal naming the call and where.
 absl::Status LtStatus(cublasStatus_t status, const char* call, const char* where) {
   if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(call, " failed with ", cublasLtGetStatusName(status), " (",
-                                          static_cast<int>(status),
+  return absl::InternalError(absl::StrCat(call, " failed with ", cublasLtGetStatusName(status),
+                                          " (", static_cast<int>(status),
                                           "): ", cublasLtGetStatusString(status), " at ", where));
 }
 
-#define MLAG_CUBLAS_RETURN_IF_ERROR(call) \
-  MLAG_RETURN_IF_ERROR(LtStatus((call), #call, MLAG_WHERE_))
+#define MLAG_CUBLAS_RETURN_IF_ERROR(call) MLAG_RETURN_IF_ERROR(LtStatus((call), #call, MLAG_WHERE_))
 
 // cuBLASLt's column-major problem D[m, n] = op(A)[m, k] * op(B)[k, n], with
 // everything an algorithm choice depends on. Row-major callers pass their
@@ -61,9 +60,9 @@ struct GemmKey {
 
   std::string ToString() const {
     return absl::StrCat("m=", m, " n=", n, " k=", k, " transa=", trans_a ? "T" : "N",
-                        " transb=", trans_b ? "T" : "N", " lda=", lda, " ldb=", ldb,
-                        " ldc=", ldc, " batch=", batch, " strides=", stride_a, "/", stride_b, "/",
-                        stride_c, " align=", align_a, "/", align_b, "/", align_c);
+                        " transb=", trans_b ? "T" : "N", " lda=", lda, " ldb=", ldb, " ldc=", ldc,
+                        " batch=", batch, " strides=", stride_a, "/", stride_b, "/", stride_c,
+                        " align=", align_a, "/", align_b, "/", align_c);
   }
 };
 
@@ -98,8 +97,8 @@ struct GemmPlan {
 // with the given stride when batch > 1.
 absl::Status MakeLayout(cublasLtMatrixLayout_t* layout, int64_t rows, int64_t cols, int64_t ld,
                         int32_t batch, int64_t stride) {
-  MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(layout, CUDA_R_32F, static_cast<uint64_t>(rows),
-                                                         static_cast<uint64_t>(cols), ld));
+  MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(
+      layout, CUDA_R_32F, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
   if (batch > 1) {
     MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutSetAttribute(
         *layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
@@ -120,13 +119,14 @@ struct Preference {
 absl::StatusOr<std::unique_ptr<GemmPlan>> MakePlan(cublasLtHandle_t handle, const GemmKey& key,
                                                    size_t workspace_bytes) {
   auto plan = std::make_unique<GemmPlan>();
-  MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  MLAG_CUBLAS_RETURN_IF_ERROR(
+      cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_a = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-      plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
-  MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-      plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  MLAG_CUBLAS_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  MLAG_CUBLAS_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
   // Layouts describe the matrices as stored: a transposed A is k x m.
   MLAG_RETURN_IF_ERROR(MakeLayout(&plan->a, key.trans_a ? key.k : key.m,
                                   key.trans_a ? key.m : key.k, key.lda, key.batch, key.stride_a));
@@ -153,8 +153,8 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> MakePlan(cublasLtHandle_t handle, cons
   MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(
       handle, plan->desc, plan->a, plan->b, plan->c, plan->c, pref.pref, 1, &result, &returned));
   if (returned < 1) {
-    return absl::InternalError(absl::StrCat(
-        "cublasLtMatmulAlgoGetHeuristic found no algorithm for ", key.ToString()));
+    return absl::InternalError(
+        absl::StrCat("cublasLtMatmulAlgoGetHeuristic found no algorithm for ", key.ToString()));
   }
   plan->algo = result.algo;
   return plan;
@@ -187,8 +187,8 @@ class Context {
   size_t workspace_bytes() const { return workspace_.bytes(); }
 
   // The plan of `key`: cached, or chosen now when not capturing.
-  absl::StatusOr<const GemmPlan*> Plan(const GemmKey& key, bool capturing,
-                                       absl::string_view op, absl::string_view shape) {
+  absl::StatusOr<const GemmPlan*> Plan(const GemmKey& key, bool capturing, absl::string_view op,
+                                       absl::string_view shape) {
     absl::MutexLock lock(&mu_);
     auto it = plans_.find(key);
     if (it != plans_.end()) return it->second.get();
@@ -250,9 +250,10 @@ absl::StatusOr<std::shared_ptr<Context>> GetContext(Stream& stream, absl::string
   std::shared_ptr<void> found = stream.attachment(&kContextKey);
   if (found != nullptr) return std::static_pointer_cast<Context>(found);
   if (stream.capturing()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        op, ": the stream has no CUDA context yet and none can be created during a graph "
-            "capture; run every shape eagerly on the stream before capturing it"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(op,
+                     ": the stream has no CUDA context yet and none can be created during a graph "
+                     "capture; run every shape eagerly on the stream before capturing it"));
   }
   MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Context> created, Context::Create(stream));
   std::shared_ptr<Context> ctx(std::move(created));
@@ -317,9 +318,9 @@ absl::Status Linear(Stream& stream, const Tensor& x, const Tensor& weight, const
   key.align_a = Alignment(weight.data(), key.lda, 1, 0);
   key.align_b = Alignment(x.data(), key.ldb, 1, 0);
   key.align_c = Alignment(y.data(), key.ldc, 1, 0);
-  const std::string shape =
-      absl::StrCat("x ", x.ShapeString(), " (row stride ", x.stride(0), ") * weight ",
-                   weight.ShapeString(), "^T -> y ", y.ShapeString(), " (row stride ", y.stride(0), ")");
+  const std::string shape = absl::StrCat("x ", x.ShapeString(), " (row stride ", x.stride(0),
+                                         ") * weight ", weight.ShapeString(), "^T -> y ",
+                                         y.ShapeString(), " (row stride ", y.stride(0), ")");
   return RunGemm(stream, "linear", shape, key, weight.data(), x.data(), y.data());
 }
 

@@ -32,8 +32,8 @@ absl::Status Fill(Stream& stream, const Tensor& t, double value) {
       });
     }
     return stream.LaunchCuda("fill", OpKind::kKernel, [&](void* s) {
-      return static_cast<int>(cuda::LaunchFill(t.data(), t.dtype(), t.numel(), value,
-                                               static_cast<cudaStream_t>(s)));
+      return static_cast<int>(
+          cuda::LaunchFill(t.data(), t.dtype(), t.numel(), value, static_cast<cudaStream_t>(s)));
     });
 #endif
   }
@@ -54,9 +54,8 @@ absl::Status Scale(Stream& stream, const Tensor& x, float alpha, const Tensor& y
   if (stream.is_cuda()) {
 #if MLAG_HAVE_CUDA
     return stream.LaunchCuda("scale", OpKind::kKernel, [&](void* s) {
-      return static_cast<int>(cuda::LaunchScale(x.data(), x.dtype(), alpha, y.data(),
-                                                y.dtype(), x.numel(),
-                                                static_cast<cudaStream_t>(s)));
+      return static_cast<int>(cuda::LaunchScale(x.data(), x.dtype(), alpha, y.data(), y.dtype(),
+                                                x.numel(), static_cast<cudaStream_t>(s)));
     });
 #endif
   }
@@ -81,9 +80,9 @@ absl::Status Add(Stream& stream, const Tensor& a, const Tensor& b, const Tensor&
   if (stream.is_cuda()) {
 #if MLAG_HAVE_CUDA
     return stream.LaunchCuda("add", OpKind::kKernel, [&](void* s) {
-      return static_cast<int>(cuda::LaunchAdd(a.data(), a.dtype(), b.data(),
-                                              b.dtype(), out.data(), out.dtype(),
-                                              a.numel(), static_cast<cudaStream_t>(s)));
+      return static_cast<int>(cuda::LaunchAdd(a.data(), a.dtype(), b.data(), b.dtype(), out.data(),
+                                              out.dtype(), a.numel(),
+                                              static_cast<cudaStream_t>(s)));
     });
 #endif
   }

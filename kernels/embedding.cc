@@ -19,9 +19,8 @@ constexpr std::initializer_list<DType> kFloat = {DType::kF32, DType::kBF16, DTyp
 
 // GatherRows under the kernel name `name`, with the index tensor called
 // `indices_arg` in error messages.
-absl::Status LaunchGatherRows(Stream& stream, absl::string_view name,
-                              absl::string_view indices_arg, const Tensor& indices,
-                              const Tensor& table, const Tensor& out) {
+absl::Status LaunchGatherRows(Stream& stream, absl::string_view name, absl::string_view indices_arg,
+                              const Tensor& indices, const Tensor& table, const Tensor& out) {
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, indices, indices_arg));
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, table, "table"));
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, out, "out"));
@@ -38,9 +37,8 @@ absl::Status LaunchGatherRows(Stream& stream, absl::string_view name,
     return stream.LaunchCuda(name, OpKind::kKernel, [&](void* s) {
       return static_cast<int>(cuda::LaunchGatherRows(
           indices.data(), indices.dtype() == DType::kI64, indices.stride(0), table.data(),
-          table.dtype(), table.size(0), table.stride(0), out.data(),
-          out.dtype(), out.stride(0), out.size(0), out.size(1),
-          static_cast<cudaStream_t>(s)));
+          table.dtype(), table.size(0), table.stride(0), out.data(), out.dtype(), out.stride(0),
+          out.size(0), out.size(1), static_cast<cudaStream_t>(s)));
     });
 #endif
   }

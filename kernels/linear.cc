@@ -22,9 +22,9 @@ namespace {
 // so a per-call conversion is a bug upstream, not something to absorb here.
 absl::Status CheckWeightF32(const Tensor& weight) {
   if (weight.dtype() == DType::kF32) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "weight: dtype ", DTypeName(weight.dtype()),
-      ", expected f32 (weights are converted to f32 at load, never per call)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("weight: dtype ", DTypeName(weight.dtype()),
+                   ", expected f32 (weights are converted to f32 at load, never per call)"));
 }
 
 // BLAS takes sizes and leading dimensions as int.
@@ -39,8 +39,8 @@ absl::Status CheckBlasInt(int64_t v, absl::string_view arg, absl::string_view wh
 absl::Status CheckLeadingDim(const Tensor& t, absl::string_view arg, int64_t row_len) {
   if (t.size(0) <= 1) return absl::OkStatus();
   if (t.stride(0) < row_len) {
-    return absl::InvalidArgumentError(absl::StrCat(arg, ": row stride ", t.stride(0),
-                                                   " is less than the row length ", row_len));
+    return absl::InvalidArgumentError(
+        absl::StrCat(arg, ": row stride ", t.stride(0), " is less than the row length ", row_len));
   }
   return CheckBlasInt(t.stride(0), arg, "row stride");
 }

@@ -18,8 +18,8 @@ namespace {
 // The checks MlaDecode and MlaPrefill share. `num_seqs` is B.
 absl::Status CheckAttentionArgs(const Stream& stream, const Tensor& q_latent, const Tensor& q_pe,
                                 const Tensor& cache, const Tensor& block_table,
-                                const Tensor& seq_lens, const Tensor& out_latent,
-                                const Tensor& lse, int64_t num_seqs) {
+                                const Tensor& seq_lens, const Tensor& out_latent, const Tensor& lse,
+                                int64_t num_seqs) {
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, q_latent, "q_latent"));
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, q_pe, "q_pe"));
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, cache, "cache"));
@@ -171,19 +171,18 @@ absl::Status MlaDecode(Stream& stream, const Tensor& q_latent, const Tensor& q_p
     if (workspace != nullptr && !workspace->empty()) {
       if (workspace->device() != DeviceKind::kCuda || workspace->heads() != heads ||
           workspace->rkv() != rkv || workspace->max_batch() < batch) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "mla_decode: workspace made for ", workspace->max_batch(), " sequences, ",
-            workspace->heads(), " heads, rkv ", workspace->rkv(), " on ",
-            DeviceKindName(workspace->device()), "; this call has ", batch, " sequences, ",
-            heads, " heads, rkv ", rkv));
+        return absl::InvalidArgumentError(
+            absl::StrCat("mla_decode: workspace made for ", workspace->max_batch(), " sequences, ",
+                         workspace->heads(), " heads, rkv ", workspace->rkv(), " on ",
+                         DeviceKindName(workspace->device()), "; this call has ", batch,
+                         " sequences, ", heads, " heads, rkv ", rkv));
       }
       ws_data = workspace->data();
       ws_bytes = workspace->bytes();
     }
     const bool tensor_core =
         kernel == MlaDecodeKernel::kTensorCore || kernel == MlaDecodeKernel::kTensorCoreBf16Q;
-    if (tensor_core && !cuda::MlaDecodeMmaSupported(rkv, q_pe.size(2),
-                                                    cache.dtype())) {
+    if (tensor_core && !cuda::MlaDecodeMmaSupported(rkv, q_pe.size(2), cache.dtype())) {
       return absl::InvalidArgumentError(absl::StrCat(
           "mla_decode: the ", MlaDecodeKernelName(kernel), " kernel needs a bf16 cache, ",
           "kv_lora_rank + rope dim a multiple of 16 and kv_lora_rank a multiple of 8; got ",
@@ -232,12 +231,12 @@ absl::Status MlaPrefill(Stream& stream, const Tensor& q_latent, const Tensor& q_
     });
   }
 #endif
-  return stream.LaunchHost("mla_prefill", OpKind::kKernel,
-                           [q_latent, q_pe, cache, block_table, seq_lens, query_start_loc, scale,
-                            out_latent, lse] {
-                             return host::MlaPrefill(q_latent, q_pe, cache, block_table, seq_lens,
-                                                     query_start_loc, scale, out_latent, lse);
-                           });
+  return stream.LaunchHost(
+      "mla_prefill", OpKind::kKernel,
+      [q_latent, q_pe, cache, block_table, seq_lens, query_start_loc, scale, out_latent, lse] {
+        return host::MlaPrefill(q_latent, q_pe, cache, block_table, seq_lens, query_start_loc,
+                                scale, out_latent, lse);
+      });
 }
 
 }  // namespace mlag

@@ -30,9 +30,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/mla_decode_kernel.h"
 #include "runtime/core/device.h"
 #include "runtime/core/stream.h"
-#include "kernels/mla_decode_kernel.h"
 #include "runtime/core/tensor.h"
 
 namespace mlag {
@@ -70,9 +70,8 @@ class MlaDecodeWorkspace {
   // any batch size: max_splits = 1 + ceil(320 / max_batch), so at least
   // max_batch + 320 ranges of f32 [heads, rkv + 1] each (32 MiB for
   // max_batch 512, 16 heads, rkv 512).
-  static absl::StatusOr<MlaDecodeWorkspace> Create(Device& device, int64_t max_batch,
-                                                   int64_t heads, int64_t rkv,
-                                                   int64_t max_splits = 0);
+  static absl::StatusOr<MlaDecodeWorkspace> Create(Device& device, int64_t max_batch, int64_t heads,
+                                                   int64_t rkv, int64_t max_splits = 0);
 
   // The bytes Create allocates on a CUDA device for these arguments; 0 when
   // they are invalid or the build has no CUDA.

@@ -32,14 +32,12 @@ absl::Status MlaKvUpdate(Stream& stream, const Tensor& kv_c, const Tensor& k_pe,
   const int64_t dr = k_pe.size(1);
   MLAG_RETURN_IF_ERROR(CheckShape(cache, "cache", {-1, -1, rkv + dr}));
   if (kv_c.size(0) < num_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("kv_c: ", kv_c.size(0),
-                                                   " rows, fewer than slot_mapping's ",
-                                                   num_tokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_c: ", kv_c.size(0), " rows, fewer than slot_mapping's ", num_tokens));
   }
   if (k_pe.size(0) < num_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("k_pe: ", k_pe.size(0),
-                                                   " rows, fewer than slot_mapping's ",
-                                                   num_tokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat("k_pe: ", k_pe.size(0), " rows, fewer than slot_mapping's ", num_tokens));
   }
   MLAG_RETURN_IF_ERROR(CheckRowMajor(kv_c, "kv_c"));
   MLAG_RETURN_IF_ERROR(CheckRowMajor(k_pe, "k_pe"));
@@ -47,16 +45,15 @@ absl::Status MlaKvUpdate(Stream& stream, const Tensor& kv_c, const Tensor& k_pe,
 #if MLAG_HAVE_CUDA
   if (stream.is_cuda()) {
     if (num_tokens > 0x7fffffff || rkv + dr > 0x7fffffff) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("mla_kv_update: ", num_tokens, " tokens of width ", rkv + dr,
-                       " exceed the CUDA kernel's 32-bit grid"));
+      return absl::InvalidArgumentError(absl::StrCat("mla_kv_update: ", num_tokens,
+                                                     " tokens of width ", rkv + dr,
+                                                     " exceed the CUDA kernel's 32-bit grid"));
     }
     return stream.LaunchCuda("mla_kv_update", OpKind::kKernel, [&](void* s) {
       return static_cast<int>(cuda::LaunchMlaKvUpdate(
-          kv_c.data(), kv_c.dtype(), kv_c.stride(0), k_pe.data(),
-          k_pe.dtype(), k_pe.stride(0), slot_mapping.data_as<const int64_t>(),
-          slot_mapping.stride(0), num_tokens, cache.data(), cache.dtype(),
-          cache.size(0) * cache.size(1), rkv, dr, static_cast<cudaStream_t>(s)));
+          kv_c.data(), kv_c.dtype(), kv_c.stride(0), k_pe.data(), k_pe.dtype(), k_pe.stride(0),
+          slot_mapping.data_as<const int64_t>(), slot_mapping.stride(0), num_tokens, cache.data(),
+          cache.dtype(), cache.size(0) * cache.size(1), rkv, dr, static_cast<cudaStream_t>(s)));
     });
   }
 #endif

@@ -26,16 +26,16 @@ absl::Status ValidateRoutingParams(const RoutingParams& p) {
         absl::StrCat("params.num_experts: must be positive, got ", p.num_experts));
   }
   if (p.top_k <= 0 || p.top_k > p.num_experts) {
-    return absl::InvalidArgumentError(absl::StrCat("params.top_k: must be in [1, num_experts=",
-                                                   p.num_experts, "], got ", p.top_k));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "params.top_k: must be in [1, num_experts=", p.num_experts, "], got ", p.top_k));
   }
   if (p.n_group <= 0 || p.num_experts % p.n_group != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("params.n_group: must divide num_experts=",
-                                                   p.num_experts, ", got ", p.n_group));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "params.n_group: must divide num_experts=", p.num_experts, ", got ", p.n_group));
   }
   if (p.topk_group <= 0 || p.topk_group > p.n_group) {
-    return absl::InvalidArgumentError(absl::StrCat("params.topk_group: must be in [1, n_group=",
-                                                   p.n_group, "], got ", p.topk_group));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "params.topk_group: must be in [1, n_group=", p.n_group, "], got ", p.topk_group));
   }
   if (grouped) {
     const int selectable = p.topk_group * (p.num_experts / p.n_group);
@@ -55,9 +55,9 @@ absl::Status MoeRouteCuda(Stream& stream, const RoutingParams& params, const Ten
                           const Tensor& correction_bias, const Tensor& topk_ids,
                           const Tensor& topk_weights) {
   if (params.num_experts > cuda::kMoeRouteMaxExperts) {
-    return absl::UnimplementedError(
-        absl::StrCat("moe_route: the CUDA router handles at most ", cuda::kMoeRouteMaxExperts,
-                     " experts, got ", params.num_experts));
+    return absl::UnimplementedError(absl::StrCat("moe_route: the CUDA router handles at most ",
+                                                 cuda::kMoeRouteMaxExperts, " experts, got ",
+                                                 params.num_experts));
   }
   cuda::MoeRouteParams p;
   p.num_experts = params.num_experts;
@@ -66,9 +66,15 @@ absl::Status MoeRouteCuda(Stream& stream, const RoutingParams& params, const Ten
   p.topk_group = params.topk_group;
   p.sigmoid = params.scoring == ScoringFunc::kSigmoid;
   switch (params.method) {
-    case TopkMethod::kGreedy: p.method = cuda::kMoeGreedy; break;
-    case TopkMethod::kGroupLimitedGreedy: p.method = cuda::kMoeGroupLimitedGreedy; break;
-    case TopkMethod::kNoauxTc: p.method = cuda::kMoeNoauxTc; break;
+    case TopkMethod::kGreedy:
+      p.method = cuda::kMoeGreedy;
+      break;
+    case TopkMethod::kGroupLimitedGreedy:
+      p.method = cuda::kMoeGroupLimitedGreedy;
+      break;
+    case TopkMethod::kNoauxTc:
+      p.method = cuda::kMoeNoauxTc;
+      break;
   }
   p.norm_topk_prob = params.norm_topk_prob;
   p.routed_scaling_factor = params.routed_scaling_factor;
@@ -89,17 +95,16 @@ absl::Status MoeExpertsCuda(Stream& stream, const Tensor& x, const Tensor& topk_
   const int64_t L = w_gate_up.size(0), I = w_gate_up.size(1) / 2;
   if (L > cuda::kMoeMaxLocalExperts) {
     return absl::UnimplementedError(absl::StrCat("moe_experts: the CUDA kernels handle at most ",
-                                                 cuda::kMoeMaxLocalExperts,
-                                                 " local experts, got ", L));
+                                                 cuda::kMoeMaxLocalExperts, " local experts, got ",
+                                                 L));
   }
   if (D > cuda::kMoeMaxColumns || I > cuda::kMoeMaxColumns) {
-    return absl::UnimplementedError(absl::StrCat("moe_experts: D=", D, " or I=", I,
-                                                 " exceeds the CUDA limit of ",
-                                                 cuda::kMoeMaxColumns));
+    return absl::UnimplementedError(absl::StrCat(
+        "moe_experts: D=", D, " or I=", I, " exceeds the CUDA limit of ", cuda::kMoeMaxColumns));
   }
   if (T > kCudaIntMax || E > kCudaIntMax || K > kCudaIntMax) {
-    return absl::InvalidArgumentError(absl::StrCat("moe_experts: T=", T, ", K=", K, " or E=", E,
-                                                   " exceeds the int range"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("moe_experts: T=", T, ", K=", K, " or E=", E, " exceeds the int range"));
   }
   const size_t needed = cuda::MoeExpertsWorkspaceBytes(T, K, D, I, L);
   void* scratch = nullptr;
@@ -188,12 +193,11 @@ absl::Status MoeRoute(Stream& stream, const RoutingParams& params, const Tensor&
     return MoeRouteCuda(stream, params, logits, correction_bias, topk_ids, topk_weights);
 #endif
   }
-  return stream.LaunchHost("moe_route", OpKind::kKernel,
-                           [params, logits, correction_bias, topk_ids, topk_weights] {
-                             host::MoeRoute(params, logits, correction_bias, topk_ids,
-                                            topk_weights);
-                             return absl::OkStatus();
-                           });
+  return stream.LaunchHost(
+      "moe_route", OpKind::kKernel, [params, logits, correction_bias, topk_ids, topk_weights] {
+        host::MoeRoute(params, logits, correction_bias, topk_ids, topk_weights);
+        return absl::OkStatus();
+      });
 }
 
 absl::Status MoeExperts(Stream& stream, const Tensor& x, const Tensor& topk_ids,
@@ -228,8 +232,8 @@ absl::Status MoeExperts(Stream& stream, const Tensor& x, const Tensor& topk_ids,
   MLAG_RETURN_IF_ERROR(CheckContiguous(w_gate_up, "w_gate_up"));
   const int64_t L = w_gate_up.size(0);
   if (w_gate_up.size(1) % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "w_gate_up: shape ", w_gate_up.ShapeString(), ", dim 1 must be 2*I (even)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("w_gate_up: shape ", w_gate_up.ShapeString(), ", dim 1 must be 2*I (even)"));
   }
   const int64_t I = w_gate_up.size(1) / 2;
   MLAG_RETURN_IF_ERROR(CheckDType(w_down, "w_down", {DType::kF32}));

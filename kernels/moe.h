@@ -15,10 +15,10 @@ enum class ScoringFunc { kSoftmax, kSigmoid };
 enum class TopkMethod { kGreedy, kGroupLimitedGreedy, kNoauxTc };
 
 struct RoutingParams {
-  int num_experts = 0;   // E
-  int top_k = 0;         // K
-  int n_group = 1;       // G; E % G == 0
-  int topk_group = 1;    // groups kept
+  int num_experts = 0;  // E
+  int top_k = 0;        // K
+  int n_group = 1;      // G; E % G == 0
+  int topk_group = 1;   // groups kept
   ScoringFunc scoring = ScoringFunc::kSoftmax;
   TopkMethod method = TopkMethod::kGreedy;
   bool norm_topk_prob = false;

@@ -21,8 +21,7 @@ constexpr std::initializer_list<DType> kNormDTypes = {DType::kF32, DType::kBF16}
 
 absl::Status CheckEps(float eps) {
   if (std::isfinite(eps) && eps >= 0.0f) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("eps: must be finite and >= 0, got ", eps));
+  return absl::InvalidArgumentError(absl::StrCat("eps: must be finite and >= 0, got ", eps));
 }
 
 // Checks shared by RmsNorm and AddRmsNorm for the normalised input `in`
@@ -65,8 +64,8 @@ absl::Status RmsNorm(Stream& stream, const Tensor& x, const Tensor& weight, floa
 #if MLAG_HAVE_CUDA
     return stream.LaunchCuda("rms_norm", OpKind::kKernel, [&](void* s) {
       return static_cast<int>(cuda::LaunchRmsNorm(
-          x.data(), x.dtype(), x.stride(0), weight.data(), weight.dtype(), y.data(),
-          y.dtype(), y.stride(0), x.size(0), x.size(1), eps, static_cast<cudaStream_t>(s)));
+          x.data(), x.dtype(), x.stride(0), weight.data(), weight.dtype(), y.data(), y.dtype(),
+          y.stride(0), x.size(0), x.size(1), eps, static_cast<cudaStream_t>(s)));
     });
 #endif
   }
@@ -92,9 +91,9 @@ absl::Status AddRmsNorm(Stream& stream, const Tensor& x, const Tensor& residual,
 #if MLAG_HAVE_CUDA
     return stream.LaunchCuda("add_rms_norm", OpKind::kKernel, [&](void* s) {
       return static_cast<int>(cuda::LaunchAddRmsNorm(
-          x.data(), x.dtype(), x.stride(0), residual.data(), residual.dtype(),
-          residual.stride(0), weight.data(), weight.dtype(), y.data(), y.dtype(),
-          y.stride(0), x.size(0), x.size(1), eps, static_cast<cudaStream_t>(s)));
+          x.data(), x.dtype(), x.stride(0), residual.data(), residual.dtype(), residual.stride(0),
+          weight.data(), weight.dtype(), y.data(), y.dtype(), y.stride(0), x.size(0), x.size(1),
+          eps, static_cast<cudaStream_t>(s)));
     });
 #endif
   }

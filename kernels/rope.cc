@@ -34,10 +34,10 @@ absl::Status CheckRopeParams(const RopeParams& params) {
 
 YarnRange ComputeYarnRange(const RopeParams& params) {
   const int dim = params.rotary_dim;
-  const double lo = std::floor(YarnCorrectionDim(params.beta_fast, dim, params.theta,
-                                                 params.original_max_position));
-  const double hi = std::ceil(YarnCorrectionDim(params.beta_slow, dim, params.theta,
-                                                params.original_max_position));
+  const double lo = std::floor(
+      YarnCorrectionDim(params.beta_fast, dim, params.theta, params.original_max_position));
+  const double hi = std::ceil(
+      YarnCorrectionDim(params.beta_slow, dim, params.theta, params.original_max_position));
   YarnRange range;
   range.lo = static_cast<float>(std::max(lo, 0.0));
   range.hi = static_cast<float>(std::min(hi, static_cast<double>(dim - 1)));
@@ -52,9 +52,9 @@ std::vector<float> ComputeInvFreq(const RopeParams& params) {
   const YarnRange range = params.yarn ? ComputeYarnRange(params) : YarnRange{0.0f, 1.0f};
   for (int i = 0; i < half; ++i) {
     const float inv0 = RopeBaseInvFreq(i, params.rotary_dim, base);
-    inv_freq[i] = params.yarn ? YarnInvFreq(inv0, i, static_cast<float>(params.factor), range.lo,
-                                            range.hi)
-                              : inv0;
+    inv_freq[i] = params.yarn
+                      ? YarnInvFreq(inv0, i, static_cast<float>(params.factor), range.lo, range.hi)
+                      : inv0;
   }
   return inv_freq;
 }

@@ -32,12 +32,10 @@ absl::Status Sample(Stream& stream, const Tensor& logits, const Tensor& temperat
     const char* name;
     DType dtype;
   };
-  for (const PerRow& r : {PerRow{temperature, "temperature", DType::kF32},
-                          PerRow{top_k, "top_k", DType::kI32},
-                          PerRow{top_p, "top_p", DType::kF32},
-                          PerRow{seeds, "seeds", DType::kI64},
-                          PerRow{steps, "steps", DType::kI64},
-                          PerRow{out_tokens, "out_tokens", DType::kI32}}) {
+  for (const PerRow& r :
+       {PerRow{temperature, "temperature", DType::kF32}, PerRow{top_k, "top_k", DType::kI32},
+        PerRow{top_p, "top_p", DType::kF32}, PerRow{seeds, "seeds", DType::kI64},
+        PerRow{steps, "steps", DType::kI64}, PerRow{out_tokens, "out_tokens", DType::kI32}}) {
     MLAG_RETURN_IF_ERROR(CheckOnStream(stream, r.t, r.name));
     MLAG_RETURN_IF_ERROR(CheckDType(r.t, r.name, {r.dtype}));
     MLAG_RETURN_IF_ERROR(CheckShape(r.t, r.name, {B}));
@@ -47,20 +45,18 @@ absl::Status Sample(Stream& stream, const Tensor& logits, const Tensor& temperat
 #if MLAG_HAVE_CUDA
     return stream.LaunchCuda("sample", OpKind::kKernel, [&](void* s) {
       return static_cast<int>(cuda::LaunchSample(
-          logits.data_as<const float>(), B, V, logits.stride(0),
-          temperature.data_as<const float>(), top_k.data_as<const int32_t>(),
-          top_p.data_as<const float>(), seeds.data_as<const int64_t>(),
-          steps.data_as<const int64_t>(), out_tokens.data_as<int32_t>(),
-          static_cast<cudaStream_t>(s)));
+          logits.data_as<const float>(), B, V, logits.stride(0), temperature.data_as<const float>(),
+          top_k.data_as<const int32_t>(), top_p.data_as<const float>(),
+          seeds.data_as<const int64_t>(), steps.data_as<const int64_t>(),
+          out_tokens.data_as<int32_t>(), static_cast<cudaStream_t>(s)));
     });
 #endif
   }
-  return stream.LaunchHost("sample", OpKind::kKernel,
-                           [logits, temperature, top_k, top_p, seeds, steps, out_tokens] {
-                             host::Sample(logits, temperature, top_k, top_p, seeds, steps,
-                                          out_tokens);
-                             return absl::OkStatus();
-                           });
+  return stream.LaunchHost(
+      "sample", OpKind::kKernel, [logits, temperature, top_k, top_p, seeds, steps, out_tokens] {
+        host::Sample(logits, temperature, top_k, top_p, seeds, steps, out_tokens);
+        return absl::OkStatus();
+      });
 }
 
 }  // namespace mlag

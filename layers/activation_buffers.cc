@@ -13,8 +13,8 @@ template <typename Alloc>
 absl::Status ForEachBuffer(const ModelConfig& c, int64_t T, int64_t B, int64_t N,
                            ActivationBuffers* a, Alloc&& alloc) {
   const int64_t D = c.hidden_size, H = c.num_attention_heads, R = c.kv_lora_rank;
-  const int64_t W = std::max<int64_t>(c.intermediate_size,
-                                      int64_t{c.n_shared_experts} * c.moe_intermediate_size);
+  const int64_t W =
+      std::max<int64_t>(c.intermediate_size, int64_t{c.n_shared_experts} * c.moe_intermediate_size);
   const int64_t E = std::max(c.n_routed_experts, 1), K = std::max(c.num_experts_per_tok, 1);
   MLAG_RETURN_IF_ERROR(alloc(DType::kF32, {T, D}, &a->residual));
   MLAG_RETURN_IF_ERROR(alloc(DType::kF32, {T, D}, &a->normed));
@@ -48,7 +48,7 @@ absl::Status ForEachBuffer(const ModelConfig& c, int64_t T, int64_t B, int64_t N
 }  // namespace
 
 size_t ActivationBuffers::Bytes(const ModelConfig& config, int max_tokens, int max_seqs,
-                         int max_ep_ranks) {
+                                int max_ep_ranks) {
   size_t total = 0;
   ActivationBuffers unused;
   ForEachBuffer(config, max_tokens, max_seqs, max_ep_ranks, &unused,
@@ -61,9 +61,10 @@ size_t ActivationBuffers::Bytes(const ModelConfig& config, int max_tokens, int m
   return total;
 }
 
-absl::StatusOr<ActivationBuffers> ActivationBuffers::Allocate(const ModelConfig& config, int max_tokens,
-                                                  int max_seqs, int max_ep_ranks,
-                                                  Workspace& workspace) {
+absl::StatusOr<ActivationBuffers> ActivationBuffers::Allocate(const ModelConfig& config,
+                                                              int max_tokens, int max_seqs,
+                                                              int max_ep_ranks,
+                                                              Workspace& workspace) {
   ActivationBuffers a;
   MLAG_RETURN_IF_ERROR(ForEachBuffer(
       config, max_tokens, max_seqs, max_ep_ranks, &a,

@@ -33,10 +33,10 @@ struct ActivationBuffers {
   Tensor logits;         // [B, V]
   // Expert parallelism over up to N ranks (empty when N == 1): the tokens,
   // routing and partial expert sums of every rank of the group.
-  Tensor ep_x;           // [N * T, D]
-  Tensor ep_ids;         // [N * T, K] i32
-  Tensor ep_weights;     // [N * T, K]
-  Tensor ep_y;           // [N * T, D]
+  Tensor ep_x;        // [N * T, D]
+  Tensor ep_ids;      // [N * T, K] i32
+  Tensor ep_weights;  // [N * T, K]
+  Tensor ep_y;        // [N * T, D]
 
   // Bytes the buffers need for `max_tokens`, `max_seqs` and an
   // expert-parallel group of at most `max_ep_ranks` ranks.
@@ -44,8 +44,8 @@ struct ActivationBuffers {
                       int max_ep_ranks = 1);
   // Carves every buffer out of `workspace` (which must hold Bytes(...)).
   static absl::StatusOr<ActivationBuffers> Allocate(const ModelConfig& config, int max_tokens,
-                                              int max_seqs, int max_ep_ranks,
-                                              Workspace& workspace);
+                                                    int max_seqs, int max_ep_ranks,
+                                                    Workspace& workspace);
 };
 
 // The first `n` rows of `t`.

@@ -15,8 +15,8 @@ struct AttentionMetadata {
   // runs the decode kernel. Otherwise the prefill kernel.
   bool decode_only = false;
 
-  Tensor input_ids;        // i32 [T]
-  Tensor positions;        // i32 [T]; position of each token in its sequence
+  Tensor input_ids;  // i32 [T]
+  Tensor positions;  // i32 [T]; position of each token in its sequence
   // i64 [T]; cache slot (block * block_size + offset) each token's latent is
   // written to; -1 = write nothing (dummy and padding rows).
   Tensor slot_mapping;

@@ -9,12 +9,13 @@
 
 namespace mlag {
 
-DeepseekModel::DeepseekModel(const ModelConfig& config, Device* device,
-                             const ModelOptions& options)
+DeepseekModel::DeepseekModel(const ModelConfig& config, Device* device, const ModelOptions& options)
     : config_(config), device_(device), options_(options), arena_(device) {}
 
-absl::StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::Create(
-    const ModelConfig& config, Device* device, WeightSource& source, const ModelOptions& options) {
+absl::StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::Create(const ModelConfig& config,
+                                                                     Device* device,
+                                                                     WeightSource& source,
+                                                                     const ModelOptions& options) {
   if (options.max_tokens < 1 || options.max_seqs < 1) {
     return absl::InvalidArgumentError("max_tokens and max_seqs must be positive");
   }
@@ -71,12 +72,13 @@ absl::Status DeepseekModel::Load(WeightSource& source) {
   }
 
   // Activation buffers for the largest batch, allocated once.
-  MLAG_ASSIGN_OR_RETURN(Buffer ws, device_->Allocate(ActivationBuffers::Bytes(
-                                       c, options_.max_tokens, options_.max_seqs,
-                                       options_.max_ep_ranks)));
+  MLAG_ASSIGN_OR_RETURN(Buffer ws,
+                        device_->Allocate(ActivationBuffers::Bytes(
+                            c, options_.max_tokens, options_.max_seqs, options_.max_ep_ranks)));
   workspace_ = Workspace(std::move(ws));
-  MLAG_ASSIGN_OR_RETURN(acts_, ActivationBuffers::Allocate(c, options_.max_tokens, options_.max_seqs,
-                                                     options_.max_ep_ranks, workspace_));
+  MLAG_ASSIGN_OR_RETURN(acts_,
+                        ActivationBuffers::Allocate(c, options_.max_tokens, options_.max_seqs,
+                                                    options_.max_ep_ranks, workspace_));
   return absl::OkStatus();
 }
 
@@ -105,8 +107,7 @@ absl::Status DeepseekModel::SetExpertGroup(Communicator* group) {
 }
 
 absl::Status DeepseekModel::MigrateExperts(Stream& stream, Communicator& world,
-                                           const ExpertPlacement& from,
-                                           const ExpertPlacement& to) {
+                                           const ExpertPlacement& from, const ExpertPlacement& to) {
   for (auto& moe : moes_) {
     if (moe) MLAG_RETURN_IF_ERROR(moe->MigrateExperts(stream, world, from, to));
   }
@@ -167,7 +168,8 @@ absl::Status DeepseekModel::Forward(Stream& stream, const AttentionMetadata& met
     }
     // The residual add of the FFN is fused with the next norm.
     const bool last = i + 1 == c.num_hidden_layers;
-    NodeScope s(stream, last ? std::string("final_norm") : absl::StrCat("layers.", i + 1, ".input_norm"),
+    NodeScope s(stream,
+                last ? std::string("final_norm") : absl::StrCat("layers.", i + 1, ".input_norm"),
                 OpKind::kKernel);
     MLAG_RETURN_IF_ERROR(AddRmsNorm(stream, ffn_out, residual,
                                     last ? final_norm_ : input_norm_[i + 1], c.rms_norm_eps,

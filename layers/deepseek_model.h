@@ -36,8 +36,7 @@ class DeepseekModel {
  public:
   // Builds the model on `device` and loads every weight from `source`.
   static absl::StatusOr<std::unique_ptr<DeepseekModel>> Create(const ModelConfig& config,
-                                                               Device* device,
-                                                               WeightSource& source,
+                                                               Device* device, WeightSource& source,
                                                                const ModelOptions& options);
 
   // The expert-parallel group the MoE layers dispatch over (nullptr or a
@@ -96,7 +95,7 @@ class DeepseekModel {
   WeightArena arena_;
   Workspace workspace_;
   ActivationBuffers acts_;
-  Tensor rope_table_;  // [max_position_embeddings, dr]
+  Tensor rope_table_;                    // [max_position_embeddings, dr]
   MlaDecodeWorkspace decode_workspace_;  // CUDA split-KV scratch (empty on the host)
   Tensor embed_, final_norm_, lm_head_;
   std::vector<Tensor> input_norm_, post_attn_norm_;

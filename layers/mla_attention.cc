@@ -40,9 +40,9 @@ absl::Status MlaAttention::AbsorbQuery(Stream& stream, const Tensor& q_nope,
 }
 
 absl::Status MlaAttention::Forward(Stream& stream, const AttentionMetadata& meta,
-                                   const Tensor& kv_c, const Tensor& k_pe,
-                                   const Tensor& q_latent, const Tensor& q_pe,
-                                   const Tensor& out_latent, const Tensor& lse) const {
+                                   const Tensor& kv_c, const Tensor& k_pe, const Tensor& q_latent,
+                                   const Tensor& q_pe, const Tensor& out_latent,
+                                   const Tensor& lse) const {
   if (cache_.numel() == 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("layer ", layer_, ": MLA attention has no KV cache bound"));

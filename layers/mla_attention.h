@@ -14,8 +14,8 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "layers/attention_metadata.h"
 #include "kernels/mla_attention.h"
+#include "layers/attention_metadata.h"
 #include "layers/weight_arena.h"
 #include "runtime/core/stream.h"
 

@@ -19,8 +19,8 @@ MlaBlock::MlaBlock(int layer, const ModelConfig& config) : layer_(layer), config
   dims.qk_nope_head_dim = config.qk_nope_head_dim;
   dims.qk_rope_head_dim = config.qk_rope_head_dim;
   dims.v_head_dim = config.v_head_dim;
-  attention_ = std::make_unique<MlaAttention>(
-      layer, dims, MlaSoftmaxScale(config.qk_head_dim(), config.rope));
+  attention_ = std::make_unique<MlaAttention>(layer, dims,
+                                              MlaSoftmaxScale(config.qk_head_dim(), config.rope));
 }
 
 std::string MlaBlock::Node(const char* op) const {
@@ -41,8 +41,8 @@ absl::Status MlaBlock::Load(WeightArena& arena, WeightSource& source) {
   } else {
     MLAG_ASSIGN_OR_RETURN(w_q_, arena.Load(source, p + "q_proj.weight", {H * dq, D}));
   }
-  MLAG_ASSIGN_OR_RETURN(w_kv_a_, arena.Load(source, p + "kv_a_proj_with_mqa.weight",
-                                            {R + c.qk_rope_head_dim, D}));
+  MLAG_ASSIGN_OR_RETURN(
+      w_kv_a_, arena.Load(source, p + "kv_a_proj_with_mqa.weight", {R + c.qk_rope_head_dim, D}));
   MLAG_ASSIGN_OR_RETURN(w_kv_a_norm_, arena.Load(source, p + "kv_a_layernorm.weight", {R}));
   MLAG_ASSIGN_OR_RETURN(
       std::vector<float> kv_b,
@@ -105,8 +105,8 @@ absl::Status MlaBlock::Forward(Stream& stream, const AttentionMetadata& meta,
   const Tensor q_latent = Rows(acts.q_latent, T);
   const Tensor out_latent = Rows(acts.out_latent, T);
   MLAG_RETURN_IF_ERROR(attention_->AbsorbQuery(stream, q_nope, q_latent));
-  MLAG_RETURN_IF_ERROR(attention_->Forward(stream, meta, kv_c, k_pe, q_latent, q_pe, out_latent,
-                                           Rows(acts.lse, T)));
+  MLAG_RETURN_IF_ERROR(
+      attention_->Forward(stream, meta, kv_c, k_pe, q_latent, q_pe, out_latent, Rows(acts.lse, T)));
   const Tensor v = Rows(acts.v, T);
   MLAG_ASSIGN_OR_RETURN(Tensor v3, v.Reshape({T, H, int64_t{c.v_head_dim}}));
   MLAG_RETURN_IF_ERROR(attention_->ExpandOutput(stream, out_latent, v3));

@@ -46,7 +46,8 @@ absl::Status Moe::Load(WeightArena& arena, WeightSource& source) {
     const std::string e = absl::StrCat(p, "experts.", local_experts_[slot], ".");
     const Tensor gu = w_gate_up_.Select(0, slot);
     MLAG_RETURN_IF_ERROR(arena.LoadInto(source, e + "gate_proj.weight", {I, D}, gu.Slice(0, 0, I)));
-    MLAG_RETURN_IF_ERROR(arena.LoadInto(source, e + "up_proj.weight", {I, D}, gu.Slice(0, I, 2 * I)));
+    MLAG_RETURN_IF_ERROR(
+        arena.LoadInto(source, e + "up_proj.weight", {I, D}, gu.Slice(0, I, 2 * I)));
     MLAG_RETURN_IF_ERROR(
         arena.LoadInto(source, e + "down_proj.weight", {D, I}, w_down_.Select(0, slot)));
   }
@@ -108,7 +109,8 @@ absl::Status Moe::MigrateExperts(Stream& stream, Communicator& world, const Expe
     if (me != src && me != dst) continue;
     if (me == src && me == dst) {
       NodeScope s(stream, Node("migrate_local"), OpKind::kCopy);
-      MLAG_RETURN_IF_ERROR(Copy(stream, expert_gate_up(from.slot[e]), new_gu.Select(0, to.slot[e])));
+      MLAG_RETURN_IF_ERROR(
+          Copy(stream, expert_gate_up(from.slot[e]), new_gu.Select(0, to.slot[e])));
       MLAG_RETURN_IF_ERROR(Copy(stream, expert_down(from.slot[e]), new_dn.Select(0, to.slot[e])));
     } else if (me == src) {
       NodeScope s(stream, Node("migrate_send"), OpKind::kComm);
@@ -164,8 +166,8 @@ absl::Status Moe::Forward(Stream& stream, const ActivationBuffers& acts, const T
     const Tensor weights_all = ViewAs(acts.ep_weights, {N * T, K});
     const Tensor y_all = ViewAs(acts.ep_y, {N * T, D});
     if (y_all.numel() == 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "expert-parallel group of ", N, " ranks, activations sized for fewer"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("expert-parallel group of ", N, " ranks, activations sized for fewer"));
     }
     {
       NodeScope s(stream, Node("dispatch"), OpKind::kComm);
@@ -175,8 +177,8 @@ absl::Status Moe::Forward(Stream& stream, const ActivationBuffers& acts, const T
     }
     {
       NodeScope s(stream, Node("experts"), OpKind::kGemm);
-      MLAG_RETURN_IF_ERROR(MoeExperts(stream, x_all, ids_all, weights_all, expert_map_,
-                                      w_gate_up_, w_down_, y_all));
+      MLAG_RETURN_IF_ERROR(
+          MoeExperts(stream, x_all, ids_all, weights_all, expert_map_, w_gate_up_, w_down_, y_all));
     }
     NodeScope s(stream, Node("combine"), OpKind::kComm);
     MLAG_RETURN_IF_ERROR(ep->ReduceScatter(stream, y_all, out));

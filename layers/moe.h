@@ -79,10 +79,10 @@ class Moe {
   absl::Status AllocateExpertBuffers(int64_t slots, Buffer* gate_up, Buffer* down) const;
 
   Device* device_ = nullptr;
-  Tensor expert_map_;       // i32 [E]
+  Tensor expert_map_;              // i32 [E]
   Buffer gate_up_buf_, down_buf_;  // owned here: migration replaces them
-  Tensor w_gate_up_;        // [max(L,1), 2*Im, D]
-  Tensor w_down_;           // [max(L,1), D, Im]
+  Tensor w_gate_up_;               // [max(L,1), 2*Im, D]
+  Tensor w_down_;                  // [max(L,1), D, Im]
   std::unique_ptr<Mlp> shared_;
 };
 

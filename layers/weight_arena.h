@@ -19,8 +19,7 @@ class WeightArena {
   Device& device() const { return *device_; }
 
   // A new zero-filled parameter tensor of `shape` on the device.
-  absl::StatusOr<Tensor> Allocate(std::initializer_list<int64_t> shape,
-                                  DType dtype = DType::kF32);
+  absl::StatusOr<Tensor> Allocate(std::initializer_list<int64_t> shape, DType dtype = DType::kF32);
 
   // A new f32 tensor holding source tensor `name`, whose shape must be `shape`.
   absl::StatusOr<Tensor> Load(WeightSource& source, const std::string& name,
@@ -45,8 +44,7 @@ class WeightArena {
   size_t bytes() const { return bytes_; }
 
  private:
-  absl::StatusOr<Tensor> AllocateImpl(std::initializer_list<int64_t> shape, DType dtype,
-                                      bool zero);
+  absl::StatusOr<Tensor> AllocateImpl(std::initializer_list<int64_t> shape, DType dtype, bool zero);
 
   Device* device_;
   std::vector<Buffer> buffers_;

@@ -6,12 +6,12 @@
  * Usage: c_api_test EXPECTED_FILE. Prints "c_api_test: N passed, M failed";
  * exits non-zero when any check failed. */
 /* First, so that this file proves the header compiles alone as C99. */
-#include "runtime/capi/mlagraph.h"
-
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "runtime/capi/mlagraph.h"
 
 static int g_passed = 0;
 static int g_failed = 0;
@@ -175,8 +175,7 @@ static void test_defaults(void) {
   memset(&p, 0xff, sizeof(p));
   CHECK_STATUS(mlag_sampling_params_default(&p), MLAG_OK);
   CHECK(p.struct_size == sizeof(p));
-  CHECK(p.temperature == 0.0f && p.top_k == 0 && p.top_p == 1.0f && p.seed == 0 &&
-        p.logprobs == 0);
+  CHECK(p.temperature == 0.0f && p.top_k == 0 && p.top_p == 1.0f && p.seed == 0 && p.logprobs == 0);
 }
 
 /* Creation failures that stop before the model is built. */
@@ -283,9 +282,9 @@ static void run_reference_requests(mlag_engine* engine, const reference* ref, co
   for (i = 0; i < ref->num_requests; ++i) {
     const reference_request* r = &ref->requests[i];
     ids[i] = -1;
-    CHECK_STATUS(mlag_add_request(engine, r->prompt, r->prompt_len, ref->max_tokens, NULL, 0,
-                                  NULL, &ids[i]),
-                 MLAG_OK);
+    CHECK_STATUS(
+        mlag_add_request(engine, r->prompt, r->prompt_len, ref->max_tokens, NULL, 0, NULL, &ids[i]),
+        MLAG_OK);
     CHECK(ids[i] >= 0);
     for (j = 0; j < i; ++j) CHECK(ids[j] != ids[i]);
   }
@@ -402,8 +401,7 @@ static void test_request_errors(mlag_engine* engine) {
   CHECK_STATUS(mlag_get_logprobs(NULL, 0, 0, NULL, NULL, 0, &n), MLAG_INVALID_ARGUMENT);
   CHECK_STATUS(mlag_abort(NULL, 0), MLAG_INVALID_ARGUMENT);
   /* NULL out pointers. */
-  CHECK_STATUS(mlag_add_request(engine, prompt, 3, 4, NULL, 0, NULL, NULL),
-               MLAG_INVALID_ARGUMENT);
+  CHECK_STATUS(mlag_add_request(engine, prompt, 3, 4, NULL, 0, NULL, NULL), MLAG_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("out_request_id");
   CHECK_STATUS(mlag_has_unfinished(engine, NULL), MLAG_INVALID_ARGUMENT);
   CHECK_STATUS(mlag_get_output(engine, 0, NULL, 0, NULL, NULL, NULL), MLAG_INVALID_ARGUMENT);
@@ -417,22 +415,17 @@ static void test_request_errors(mlag_engine* engine) {
   CHECK_ERROR_MENTIONS("prompt");
   CHECK_STATUS(mlag_add_request(engine, NULL, 0, 4, NULL, 0, NULL, &id), MLAG_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("empty prompt");
-  CHECK_STATUS(mlag_add_request(engine, prompt, 0, 4, NULL, 0, NULL, &id),
-               MLAG_INVALID_ARGUMENT);
+  CHECK_STATUS(mlag_add_request(engine, prompt, 0, 4, NULL, 0, NULL, &id), MLAG_INVALID_ARGUMENT);
   prompt[1] = vocab;
-  CHECK_STATUS(mlag_add_request(engine, prompt, 3, 4, NULL, 0, NULL, &id),
-               MLAG_INVALID_ARGUMENT);
+  CHECK_STATUS(mlag_add_request(engine, prompt, 3, 4, NULL, 0, NULL, &id), MLAG_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("vocabulary");
   prompt[1] = -1;
-  CHECK_STATUS(mlag_add_request(engine, prompt, 3, 4, NULL, 0, NULL, &id),
-               MLAG_INVALID_ARGUMENT);
+  CHECK_STATUS(mlag_add_request(engine, prompt, 3, 4, NULL, 0, NULL, &id), MLAG_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("vocabulary");
   prompt[1] = 1;
-  CHECK_STATUS(mlag_add_request(engine, prompt, 3, 0, NULL, 0, NULL, &id),
-               MLAG_INVALID_ARGUMENT);
+  CHECK_STATUS(mlag_add_request(engine, prompt, 3, 0, NULL, 0, NULL, &id), MLAG_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("max_tokens");
-  CHECK_STATUS(mlag_add_request(engine, prompt, 3, -5, NULL, 0, NULL, &id),
-               MLAG_INVALID_ARGUMENT);
+  CHECK_STATUS(mlag_add_request(engine, prompt, 3, -5, NULL, 0, NULL, &id), MLAG_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("max_tokens");
   CHECK_STATUS(mlag_add_request(engine, prompt, (size_t)max_len, 1, NULL, 0, NULL, &id),
                MLAG_INVALID_ARGUMENT);
@@ -441,8 +434,7 @@ static void test_request_errors(mlag_engine* engine) {
                MLAG_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("max_model_len");
   /* Bad stop ids and sampling parameters. */
-  CHECK_STATUS(mlag_add_request(engine, prompt, 3, 4, NULL, 2, NULL, &id),
-               MLAG_INVALID_ARGUMENT);
+  CHECK_STATUS(mlag_add_request(engine, prompt, 3, 4, NULL, 2, NULL, &id), MLAG_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("stop_ids");
   {
     const int32_t stop = vocab + 3;
@@ -491,9 +483,9 @@ static void test_logprobs(mlag_engine* engine, const reference* ref) {
   p.logprobs = k;
   CHECK_STATUS(mlag_add_request(engine, r->prompt, r->prompt_len, max_tokens, NULL, 0, &p, &id),
                MLAG_OK);
-  CHECK_STATUS(mlag_add_request(engine, r->prompt, r->prompt_len, max_tokens, NULL, 0, NULL,
-                                &plain),
-               MLAG_OK);
+  CHECK_STATUS(
+      mlag_add_request(engine, r->prompt, r->prompt_len, max_tokens, NULL, 0, NULL, &plain),
+      MLAG_OK);
   /* Nothing generated yet: token 0 has no logprobs. */
   CHECK_STATUS(mlag_get_logprobs(engine, id, 0, NULL, NULL, 0, &count), MLAG_INVALID_ARGUMENT);
   CHECK(run_to_completion(engine));
@@ -535,8 +527,7 @@ static void test_logprobs(mlag_engine* engine, const reference* ref) {
   }
   CHECK_STATUS(mlag_get_logprobs(engine, id, n, NULL, NULL, 0, &count), MLAG_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("token_index");
-  CHECK_STATUS(mlag_get_logprobs(engine, plain, 0, NULL, NULL, 0, &count),
-               MLAG_INVALID_ARGUMENT);
+  CHECK_STATUS(mlag_get_logprobs(engine, plain, 0, NULL, NULL, 0, &count), MLAG_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("logprobs");
   /* Asking for logprobs does not change the greedy tokens. */
   {
@@ -586,12 +577,10 @@ static void test_abort_and_stop(mlag_engine* engine, const reference* ref) {
   if (full_n != 10) return;
 
   /* Stopping at the third token's id ends the request at its first occurrence. */
-  CHECK_STATUS(mlag_add_request(engine, r->prompt, r->prompt_len, 10, &full[2], 1, NULL,
-                                &stopped),
+  CHECK_STATUS(mlag_add_request(engine, r->prompt, r->prompt_len, 10, &full[2], 1, NULL, &stopped),
                MLAG_OK);
   CHECK(run_to_completion(engine));
-  CHECK_STATUS(mlag_get_output(engine, stopped, out, MAX_TOKENS, &n, &finished, &reason),
-               MLAG_OK);
+  CHECK_STATUS(mlag_get_output(engine, stopped, out, MAX_TOKENS, &n, &finished, &reason), MLAG_OK);
   for (first = 0; full[first] != full[2]; ++first) {
   }
   CHECK(finished == 1 && reason == MLAG_FINISH_STOP);

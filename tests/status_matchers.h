@@ -38,22 +38,21 @@ MATCHER_P2(StatusIs, code, message,
                ::testing::DescribeMatcher<std::string>(message)) {
   const absl::Status& status = ::mlag::testing::ToStatus(arg);
   *result_listener << "whose status is " << status;
-  return status.code() == code &&
-         ::testing::Matches(::testing::SafeMatcherCast<const std::string&>(message))(
-             std::string(status.message()));
+  return status.code() == code && ::testing::Matches(::testing::SafeMatcherCast<const std::string&>(
+                                      message))(std::string(status.message()));
 }
 
 }  // namespace mlag::testing
 
 // `fail` is FAIL or ADD_FAILURE. The switch keeps a caller's `else` from
 // binding to the macro's `if`; the message can be extended with <<.
-#define MLAG_TESTING_CHECK_OK_(fail, expr)                                              \
-  switch (0)                                                                            \
-  case 0:                                                                               \
-  default:                                                                              \
+#define MLAG_TESTING_CHECK_OK_(fail, expr)                                             \
+  switch (0)                                                                           \
+  case 0:                                                                              \
+  default:                                                                             \
     if (const ::absl::Status mlag_testing_status_ = ::mlag::testing::ToStatus((expr)); \
-        mlag_testing_status_.ok()) {                                                    \
-    } else                                                                              \
+        mlag_testing_status_.ok()) {                                                   \
+    } else                                                                             \
       fail() << #expr << " failed: " << mlag_testing_status_
 
 // Fails the test (ASSERT_OK also returns) unless `expr`, a Status or a
@@ -68,7 +67,7 @@ MATCHER_P2(StatusIs, code, message,
 // moves its value into `lhs`, a declaration (`auto x`) or a variable.
 #define ASSERT_OK_AND_ASSIGN(lhs, expr) \
   MLAG_TESTING_ASSERT_OK_AND_ASSIGN_(MLAG_TESTING_CONCAT_(mlag_statusor_, __LINE__), lhs, expr)
-#define MLAG_TESTING_ASSERT_OK_AND_ASSIGN_(tmp, lhs, expr)        \
-  auto tmp = (expr);                                              \
+#define MLAG_TESTING_ASSERT_OK_AND_ASSIGN_(tmp, lhs, expr)       \
+  auto tmp = (expr);                                             \
   ASSERT_TRUE(tmp.ok()) << #expr << " failed: " << tmp.status(); \
   lhs = std::move(tmp).value()

@@ -31,7 +31,9 @@ struct Owned {
   Buffer buffer;
   Tensor t;
   template <typename T>
-  T* data() const { return t.data_as<T>(); }
+  T* data() const {
+    return t.data_as<T>();
+  }
   int64_t numel() const { return t.numel(); }
   // Element i (flat, contiguous) as f32 / stored from f32.
   float get(int64_t i) const { return LoadAsF32(t.dtype(), t.data(), i); }

@@ -10,9 +10,9 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "nlohmann/json.hpp"
 #include "examples/mlag/cli.h"
 #include "examples/mlag/memory_bandwidth.h"
+#include "nlohmann/json.hpp"
 #include "runtime/core/status.h"
 #include "runtime/engine/model_runner.h"
 
@@ -32,7 +32,6 @@ struct BenchFlags {
   bool json = false;
 };
 
-
 using Clock = std::chrono::steady_clock;
 
 double Median(std::vector<double> v) {
@@ -43,8 +42,8 @@ double Median(std::vector<double> v) {
 struct DecodeResult {
   int batch = 0;
   double graph_ms = 0, eager_ms = 0;
-  double bytes = 0;           // per step
-  int experts_touched = 0;    // summed over MoE layers
+  double bytes = 0;         // per step
+  int experts_touched = 0;  // summed over MoE layers
 };
 
 // The decode batch: `batch` sequences with `context` tokens already cached,
@@ -86,8 +85,9 @@ absl::Status Bench(BenchFlags f) {
   if (f.batch_sizes.empty()) return absl::InvalidArgumentError("--batch-sizes is empty");
   const int max_batch = *std::max_element(f.batch_sizes.begin(), f.batch_sizes.end());
   MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, Device::Create(f.device));
-  MLAG_ASSIGN_OR_RETURN(BandwidthMeasurement bw,
-                        MeasureMemoryBandwidth(*device, static_cast<size_t>(f.bandwidth_gib * (1 << 30))));
+  MLAG_ASSIGN_OR_RETURN(
+      BandwidthMeasurement bw,
+      MeasureMemoryBandwidth(*device, static_cast<size_t>(f.bandwidth_gib * (1 << 30))));
 
   MLAG_ASSIGN_OR_RETURN(ModelSource source, OpenModel(f.model));
   const ModelConfig& mc = source.config;
@@ -124,9 +124,9 @@ absl::Status Bench(BenchFlags f) {
   // rope tables (a step reads B rows of each) and the routed experts (only
   // those the batch routes to), plus the KV cache of every sequence.
   const DeepseekModel::WeightBytes wb = runner->model().weight_breakdown();
-  const double fixed_bytes = static_cast<double>(wb.total - wb.embedding - wb.rope_table) -
-                             static_cast<double>(wb.routed_layers) * wb.local_experts *
-                                 wb.routed_expert;
+  const double fixed_bytes =
+      static_cast<double>(wb.total - wb.embedding - wb.rope_table) -
+      static_cast<double>(wb.routed_layers) * wb.local_experts * wb.routed_expert;
   const double row_bytes = static_cast<double>(mc.hidden_size) * sizeof(float);
   const double kv_token_bytes = static_cast<double>(runner->kv_bytes_per_token());
 
@@ -149,8 +149,10 @@ absl::Status Bench(BenchFlags f) {
     MLAG_RETURN_IF_ERROR(s);
     for (const auto& layer : routing) {
       // Only the batch's real rows count: padding rows are not part of it.
-      const size_t real = std::min(layer.size(), static_cast<size_t>(r.batch) * mc.num_experts_per_tok);
-      r.experts_touched += static_cast<int>(std::set<int32_t>(layer.begin(), layer.begin() + real).size());
+      const size_t real =
+          std::min(layer.size(), static_cast<size_t>(r.batch) * mc.num_experts_per_tok);
+      r.experts_touched +=
+          static_cast<int>(std::set<int32_t>(layer.begin(), layer.begin() + real).size());
     }
     r.bytes = fixed_bytes + r.experts_touched * static_cast<double>(wb.routed_expert) +
               r.batch * row_bytes + r.batch * (f.context_len + 1) * kv_token_bytes;
@@ -162,7 +164,8 @@ absl::Status Bench(BenchFlags f) {
   std::mt19937 rng(3);
   for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % mc.vocab_size);
   std::vector<int> table;
-  for (int j = 0; j < (f.prefill_len + rc.block_size - 1) / rc.block_size; ++j) table.push_back(1 + j);
+  for (int j = 0; j < (f.prefill_len + rc.block_size - 1) / rc.block_size; ++j)
+    table.push_back(1 + j);
   StepSequence pre;
   pre.new_tokens = prompt;
   pre.block_table = table;
@@ -203,20 +206,21 @@ absl::Status Bench(BenchFlags f) {
     j["decode"] = nlohmann::json::array();
     for (const DecodeResult& r : results) {
       const double gbs = r.bytes / (r.graph_ms / 1e3) / 1e9;
-      j["decode"].push_back({{"batch", r.batch},
-                             {"graph_ms", r.graph_ms},
-                             {"eager_ms", r.eager_ms},
-                             {"graph_tokens_per_s", r.batch / (r.graph_ms / 1e3)},
-                             {"eager_tokens_per_s", r.batch / (r.eager_ms / 1e3)},
-                             {"graph_speedup", r.eager_ms / r.graph_ms},
-                             {"bytes_per_step", r.bytes},
-                             {"experts_touched", r.experts_touched},
-                             {"achieved_gb_s", gbs},
-                             {"fraction_of_bandwidth", gbs * 1e9 / bw.bytes_per_second},
-                             {"tokens_per_s_vs_batch1",
-                              tok_s_1 > 0 ? r.batch / (r.graph_ms / 1e3) / tok_s_1 : 0.0}});
+      j["decode"].push_back(
+          {{"batch", r.batch},
+           {"graph_ms", r.graph_ms},
+           {"eager_ms", r.eager_ms},
+           {"graph_tokens_per_s", r.batch / (r.graph_ms / 1e3)},
+           {"eager_tokens_per_s", r.batch / (r.eager_ms / 1e3)},
+           {"graph_speedup", r.eager_ms / r.graph_ms},
+           {"bytes_per_step", r.bytes},
+           {"experts_touched", r.experts_touched},
+           {"achieved_gb_s", gbs},
+           {"fraction_of_bandwidth", gbs * 1e9 / bw.bytes_per_second},
+           {"tokens_per_s_vs_batch1", tok_s_1 > 0 ? r.batch / (r.graph_ms / 1e3) / tok_s_1 : 0.0}});
     }
-    j["prefill"] = {{"tokens", f.prefill_len}, {"ms", Median(pre_ms)}, {"tokens_per_s", prefill_tok_s}};
+    j["prefill"] = {
+        {"tokens", f.prefill_len}, {"ms", Median(pre_ms)}, {"tokens_per_s", prefill_tok_s}};
     std::printf("%s\n", j.dump(2).c_str());
     return absl::OkStatus();
   }
@@ -227,28 +231,31 @@ absl::Status Bench(BenchFlags f) {
                 bw.gemv_bytes_per_second / 1e9);
   }
   std::printf(")\n");
-  std::printf("model: %s: %d layers, hidden %d, %d heads, %d routed experts top-%d, "
-              "%.2f GB of f32 weights\n",
-              source.description.c_str(), mc.num_hidden_layers, mc.hidden_size,
-              mc.num_attention_heads, mc.n_routed_experts, mc.num_experts_per_tok, wb.total / 1e9);
-  std::printf("decode at context %d, median of %d steps; built in %.1f s, %zu graphs captured "
-              "in %.3f s\n\n",
-              f.context_len, f.steps, build_s, f.batch_sizes.size(), capture_s);
-  std::printf("%6s %10s %10s %8s %12s %12s %9s %8s %9s %7s %9s\n", "batch", "graph ms",
-              "eager ms", "speedup", "graph tok/s", "eager tok/s", "vs b=1", "experts",
-              "GB/step", "GB/s", "of bw");
+  std::printf(
+      "model: %s: %d layers, hidden %d, %d heads, %d routed experts top-%d, "
+      "%.2f GB of f32 weights\n",
+      source.description.c_str(), mc.num_hidden_layers, mc.hidden_size, mc.num_attention_heads,
+      mc.n_routed_experts, mc.num_experts_per_tok, wb.total / 1e9);
+  std::printf(
+      "decode at context %d, median of %d steps; built in %.1f s, %zu graphs captured "
+      "in %.3f s\n\n",
+      f.context_len, f.steps, build_s, f.batch_sizes.size(), capture_s);
+  std::printf("%6s %10s %10s %8s %12s %12s %9s %8s %9s %7s %9s\n", "batch", "graph ms", "eager ms",
+              "speedup", "graph tok/s", "eager tok/s", "vs b=1", "experts", "GB/step", "GB/s",
+              "of bw");
   for (const DecodeResult& r : results) {
     const double gbs = r.bytes / (r.graph_ms / 1e3) / 1e9;
-    std::printf("%6d %10.2f %10.2f %7.2fx %12.1f %12.1f %8.2fx %8d %9.3f %7.2f %8.1f%%\n",
-                r.batch, r.graph_ms, r.eager_ms, r.eager_ms / r.graph_ms,
-                r.batch / (r.graph_ms / 1e3), r.batch / (r.eager_ms / 1e3),
+    std::printf("%6d %10.2f %10.2f %7.2fx %12.1f %12.1f %8.2fx %8d %9.3f %7.2f %8.1f%%\n", r.batch,
+                r.graph_ms, r.eager_ms, r.eager_ms / r.graph_ms, r.batch / (r.graph_ms / 1e3),
+                r.batch / (r.eager_ms / 1e3),
                 tok_s_1 > 0 ? r.batch / (r.graph_ms / 1e3) / tok_s_1 : 0.0, r.experts_touched,
                 r.bytes / 1e9, gbs, 100.0 * gbs * 1e9 / bw.bytes_per_second);
   }
   std::printf("\nprefill: %d tokens in %.1f ms: %.1f tokens/s\n", f.prefill_len, Median(pre_ms),
               prefill_tok_s);
-  std::printf("bytes/step = weights read (routed experts: those the batch routes to) + "
-              "KV cache of the batch; 'of bw' = achieved / measured bandwidth\n");
+  std::printf(
+      "bytes/step = weights read (routed experts: those the batch routes to) + "
+      "KV cache of the batch; 'of bw' = achieved / measured bandwidth\n");
   return absl::OkStatus();
 }
 
@@ -262,14 +269,15 @@ Command AddBenchCommand(CLI::App& app) {
   bench->add_option("--batch-sizes", f->batch_sizes, "comma-separated batch sizes")
       ->delimiter(',')
       ->check(AtLeast(1));
-  bench->add_option("--context-len", f->context_len,
-                    "cached tokens per sequence (default 512, capped by the model)")
+  bench
+      ->add_option("--context-len", f->context_len,
+                   "cached tokens per sequence (default 512, capped by the model)")
       ->check(AtLeast(0));
   bench->add_option("--steps", f->steps, "timed decode steps per batch size")->check(AtLeast(1));
   bench->add_option("--prefill-len", f->prefill_len, "tokens of the prefill run")
       ->check(AtLeast(1));
-  bench->add_option("--bandwidth-gib", f->bandwidth_gib,
-                    "buffer of the bandwidth measurement (GiB)")
+  bench
+      ->add_option("--bandwidth-gib", f->bandwidth_gib, "buffer of the bandwidth measurement (GiB)")
       ->check(CLI::PositiveNumber);
   bench->add_flag("--json", f->json, "print JSON");
   return {bench, [f] {

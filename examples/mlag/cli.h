@@ -27,8 +27,8 @@ std::string ModelHelp();
 
 // Flag validators, so that a value out of range fails while parsing with
 // CLI11's one-line message naming the flag.
-CLI::Validator AtLeast(double min);              // [min, inf)
-CLI::Validator UnitInterval();                   // (0, 1]
+CLI::Validator AtLeast(double min);  // [min, inf)
+CLI::Validator UnitInterval();       // (0, 1]
 
 // The flags every command that builds an engine takes.
 struct EngineFlags {

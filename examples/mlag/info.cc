@@ -41,8 +41,8 @@ int Info(const InfoFlags& f) {
   std::printf("layers: %d (%d MoE), hidden %d, heads %d, vocab %d\n", c.num_hidden_layers,
               moe_layers, c.hidden_size, c.num_attention_heads, c.vocab_size);
   std::printf("MLA: q_lora %d, kv_lora %d, nope %d, rope %d, v %d, softmax scale %.6f\n",
-              c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim, c.qk_rope_head_dim,
-              c.v_head_dim, (*built)->attention(0).softmax_scale());
+              c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim,
+              (*built)->attention(0).softmax_scale());
   std::printf("MoE: %d routed experts, top-%d, %d shared, expert width %d\n", c.n_routed_experts,
               c.num_experts_per_tok, c.n_shared_experts, c.moe_intermediate_size);
   std::printf("tensors: %zu, weights on device: %.1f MiB (f32)\n", ExpectedTensors(c).size(),

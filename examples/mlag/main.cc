@@ -17,8 +17,8 @@ int main(int argc, char** argv) {
   CLI::App app{"mlag: serve DeepSeek-style MLA + MoE models by replaying captured graphs"};
   app.require_subcommand(1);
   const std::vector<mlag::cli::Command> commands = {
-      mlag::cli::AddRunCommand(app),    mlag::cli::AddGraphsCommand(app),
-      mlag::cli::AddBenchCommand(app),  mlag::cli::AddExportCommand(app),
+      mlag::cli::AddRunCommand(app),   mlag::cli::AddGraphsCommand(app),
+      mlag::cli::AddBenchCommand(app), mlag::cli::AddExportCommand(app),
       mlag::cli::AddInfoCommand(app),
   };
   try {

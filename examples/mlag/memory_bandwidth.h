@@ -10,11 +10,11 @@
 namespace mlag {
 
 struct BandwidthMeasurement {
-  double bytes_per_second = 0.0;  // the ceiling: best of the methods and repetitions
+  double bytes_per_second = 0.0;           // the ceiling: best of the methods and repetitions
   double read_sum_bytes_per_second = 0.0;  // host: parallel read-sum
   double gemv_bytes_per_second = 0.0;      // host: Linear at one row over the buffer
-  size_t bytes = 0;               // buffer size
-  const char* method = "";        // what was timed
+  size_t bytes = 0;                        // buffer size
+  const char* method = "";                 // what was timed
 };
 
 // Host: the better of a read-only sum over a `bytes` buffer on every OpenMP

@@ -60,7 +60,8 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> ReadPromptsFile(const std::str
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++line_no;
     std::vector<int32_t> ids;
-    for (absl::string_view word : absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty())) {
+    for (absl::string_view word :
+         absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty())) {
       int32_t id;
       if (!absl::SimpleAtoi(word, &id)) {
         return absl::InvalidArgumentError(
@@ -122,7 +123,9 @@ absl::Status RunSingle(const RunFlags& f, const EngineOptions& options,
   while (engine->HasUnfinished()) {
     const auto t0 = Clock::now();
     absl::StatusOr<StepOutput> out = engine->Step();
-    if (!out.ok()) return absl::Status(out.status().code(), absl::StrCat("step failed: ", out.status().message()));
+    if (!out.ok())
+      return absl::Status(out.status().code(),
+                          absl::StrCat("step failed: ", out.status().message()));
     report->step_ms.push_back(1e3 * SecondsSince(t0));
     tokens_out += static_cast<int64_t>(out->new_tokens.size());
     if (progress) {
@@ -130,8 +133,8 @@ absl::Status RunSingle(const RunFlags& f, const EngineOptions& options,
       for (RequestId id : ids) done += engine->request(id)->finished() ? 1 : 0;
       const int width = 30, filled = static_cast<int>(width * done / ids.size());
       std::fprintf(stderr, "\r[%s%s] %d/%zu requests, %lld tokens",
-                   std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
-                   done, ids.size(), static_cast<long long>(tokens_out));
+                   std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), done,
+                   ids.size(), static_cast<long long>(tokens_out));
     }
   }
   report->run_seconds = SecondsSince(t_run);
@@ -140,7 +143,8 @@ absl::Status RunSingle(const RunFlags& f, const EngineOptions& options,
   const EngineStats stats = engine->Stats();
   for (RequestId id : ids) report->requests.push_back(ResultOf(*engine->request(id)));
   report->model = engine->model_description();
-  report->device = absl::StrCat(engine->device().name(), " (", engine->device().selection_reason(), ")");
+  report->device =
+      absl::StrCat(engine->device().name(), " (", engine->device().selection_reason(), ")");
   report->tokens_out = tokens_out;
   report->steps = report->engine_steps = stats.steps;
   report->eager_steps = stats.eager_steps;

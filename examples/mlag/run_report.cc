@@ -26,7 +26,8 @@ Json RequestJson(const RequestResult& r, bool with_logprobs) {
     Json per_token = Json::array();
     for (const auto& entry : r.logprobs) {
       Json top = Json::array();
-      for (const TokenLogprob& t : entry) top.push_back({{"token", t.token}, {"logprob", t.logprob}});
+      for (const TokenLogprob& t : entry)
+        top.push_back({{"token", t.token}, {"logprob", t.logprob}});
       per_token.push_back(std::move(top));
     }
     j["logprobs"] = std::move(per_token);
@@ -37,7 +38,8 @@ Json RequestJson(const RequestResult& r, bool with_logprobs) {
 void PrintJson(const RunReport& r) {
   Json j;
   j["requests"] = Json::array();
-  for (const RequestResult& q : r.requests) j["requests"].push_back(RequestJson(q, r.with_logprobs));
+  for (const RequestResult& q : r.requests)
+    j["requests"].push_back(RequestJson(q, r.with_logprobs));
   Json replays = Json::object();
   for (const auto& [size, count] : r.graph_replays) replays[std::to_string(size)] = count;
   Json s = {{"steps", r.steps},
@@ -87,10 +89,11 @@ void PrintText(const RunReport& r) {
   if (!r.device.empty()) std::printf(" on %s", r.device.c_str());
   std::printf("\n");
   if (r.ep > 0) {
-    std::printf("expert parallel: %d ranks (%s backend), %lld engine steps summed over ranks, "
-                "%lld dummy steps\n",
-                r.ep, r.ep_backend.c_str(), static_cast<long long>(r.engine_steps),
-                static_cast<long long>(r.dummy_steps));
+    std::printf(
+        "expert parallel: %d ranks (%s backend), %lld engine steps summed over ranks, "
+        "%lld dummy steps\n",
+        r.ep, r.ep_backend.c_str(), static_cast<long long>(r.engine_steps),
+        static_cast<long long>(r.dummy_steps));
   } else {
     std::printf("engine built in %.2f s; %d graphs captured in %.3f s (graph mode %s)\n",
                 r.create_seconds, r.num_graphs, r.capture_seconds, r.graph_mode.c_str());

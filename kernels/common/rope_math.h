@@ -36,8 +36,7 @@ MLAG_HD void RopeRotatePair(float x0, float x1, float c, float s, float* y0, flo
 
 // Rotates the `half` interleaved pairs of x in place with one table row:
 // cos_row[i] and sin_row[i] are the cosine and sine of pair i.
-MLAG_HD void RopeRotateInterleaved(float* x, const float* cos_row, const float* sin_row,
-                                   int half) {
+MLAG_HD void RopeRotateInterleaved(float* x, const float* cos_row, const float* sin_row, int half) {
   for (int i = 0; i < half; ++i) {
     float y0, y1;
     RopeRotatePair(x[2 * i], x[2 * i + 1], cos_row[i], sin_row[i], &y0, &y1);

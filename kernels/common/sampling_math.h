@@ -37,8 +37,8 @@
 
 #include <cstring>
 
-#include "runtime/core/scalar_types.h"
 #include "runtime/core/host_device.h"
+#include "runtime/core/scalar_types.h"
 
 namespace mlag {
 
@@ -149,7 +149,7 @@ MLAG_HD double SampleExp(double x) {
   const double k = rint(SampleMul(x, kLog2e));  // in [-65, 0]
   double r = fma(-k, kLn2Hi, x);
   r = fma(-k, kLn2Lo, r);
-  double p = 0x1.6124613a86d09p-33;  // 1/13!
+  double p = 0x1.6124613a86d09p-33;      // 1/13!
   p = fma(p, r, 0x1.1eed8eff8d898p-29);  // 1/12!
   p = fma(p, r, 0x1.ae64567f544e4p-26);  // 1/11!
   p = fma(p, r, 0x1.27e4fb7789f5cp-22);  // 1/10!
@@ -175,12 +175,11 @@ MLAG_HD double SampleInvTemperature(float temperature) {
 // logit is `max_logit` (finite): 2^shift for a token at the maximum,
 // floor(2^shift * SampleExp((logit - max_logit) * inv_temperature)) else,
 // 0 for NaN and -inf. Tokens with equal logits get equal masses.
-MLAG_HD uint64_t SampleTokenMass(float logit, float max_logit, double inv_temperature,
-                                 int shift) {
-  if (!(logit > -INFINITY)) return 0;  // NaN, -inf
+MLAG_HD uint64_t SampleTokenMass(float logit, float max_logit, double inv_temperature, int shift) {
+  if (!(logit > -INFINITY)) return 0;                                // NaN, -inf
   if (logit == max_logit) return static_cast<uint64_t>(1) << shift;  // also when 1/T is inf
-  const double x = SampleMul(
-      SampleSub(static_cast<double>(logit), static_cast<double>(max_logit)), inv_temperature);
+  const double x = SampleMul(SampleSub(static_cast<double>(logit), static_cast<double>(max_logit)),
+                             inv_temperature);
   const double w = SampleMul(SampleExp(x), SamplePow2(shift));  // exact scaling
   return static_cast<uint64_t>(w);                              // truncation, w < 2^shift
 }

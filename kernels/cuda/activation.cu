@@ -2,7 +2,6 @@
 // is 2-D (columns x rows), striding over rows beyond the grid.
 #include "kernels/cuda/activation.cuh"
 
-
 namespace mlag::cuda {
 namespace {
 
@@ -35,8 +34,8 @@ cudaError_t LaunchSiluAndMul(const void* gate_up, DType in_dtype, int64_t in_row
   const int64_t gx = (inter + kThreads - 1) / kThreads;
   const dim3 grid(static_cast<unsigned int>(gx < kMaxGridX ? gx : kMaxGridX),
                   static_cast<unsigned int>(rows < kMaxGridY ? rows : kMaxGridY));
-  MLAG_LAUNCH(SiluAndMulKernel, grid, kThreads, 0, stream)(gate_up, in_dtype, in_row_stride, out, out_dtype,
-                                                  out_row_stride, rows, inter);
+  MLAG_LAUNCH(SiluAndMulKernel, grid, kThreads, 0, stream)
+  (gate_up, in_dtype, in_row_stride, out, out_dtype, out_row_stride, rows, inter);
   return cudaGetLastError();
 }
 

@@ -1,6 +1,5 @@
 #include "kernels/cuda/elementwise.cuh"
 
-
 namespace mlag::cuda {
 namespace {
 
@@ -48,8 +47,8 @@ cudaError_t LaunchFill(void* data, DType dtype, int64_t n, double value, cudaStr
   return cudaGetLastError();
 }
 
-cudaError_t LaunchScale(const void* x, DType x_dtype, float alpha, void* y, DType y_dtype, int64_t n,
-                        cudaStream_t stream) {
+cudaError_t LaunchScale(const void* x, DType x_dtype, float alpha, void* y, DType y_dtype,
+                        int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   MLAG_LAUNCH(ScaleKernel, Blocks(n), kThreads, 0, stream)(x, x_dtype, alpha, y, y_dtype, n);
   return cudaGetLastError();

@@ -3,7 +3,6 @@
 // index once per row.
 #include "kernels/cuda/embedding.cuh"
 
-
 namespace mlag::cuda {
 namespace {
 
@@ -56,9 +55,9 @@ cudaError_t LaunchGatherRows(const void* indices, bool indices_are_i64, int64_t 
   const int64_t gx = (dim + kThreads - 1) / kThreads;
   const dim3 grid(static_cast<unsigned int>(gx < kMaxGridX ? gx : kMaxGridX),
                   static_cast<unsigned int>(num_rows < kMaxGridY ? num_rows : kMaxGridY));
-  MLAG_LAUNCH(GatherRowsKernel, grid, kThreads, 0, stream)(indices, indices_are_i64, index_stride, table,
-                                                  table_dtype, table_rows, table_row_stride, out,
-                                                  out_dtype, out_row_stride, num_rows, dim);
+  MLAG_LAUNCH(GatherRowsKernel, grid, kThreads, 0, stream)
+  (indices, indices_are_i64, index_stride, table, table_dtype, table_rows, table_row_stride, out,
+   out_dtype, out_row_stride, num_rows, dim);
   return cudaGetLastError();
 }
 

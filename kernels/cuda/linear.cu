@@ -28,8 +28,8 @@ cudaError_t LaunchZeroF32(float* p, int64_t n0, int64_t n1, int64_t n2, int64_t 
   if (n0 <= 0 || n1 <= 0 || n2 <= 0) return cudaSuccess;
   int64_t blocks = (n0 * n1 * n2 + kThreads - 1) / kThreads;
   if (blocks > 65535 * 8) blocks = 65535 * 8;
-  MLAG_LAUNCH(ZeroF32Kernel, static_cast<unsigned>(blocks), kThreads, 0, stream)(p, n0, n1, n2, stride0,
-                                                                        stride1);
+  MLAG_LAUNCH(ZeroF32Kernel, static_cast<unsigned>(blocks), kThreads, 0, stream)
+  (p, n0, n1, n2, stride0, stride1);
   return cudaGetLastError();
 }
 

@@ -34,13 +34,12 @@
 // Decode with a bf16 cache runs, by default, the tensor-core kernel of
 // kernels/cuda/mla_decode_mma.cuh over the same items, plan, workspace and
 // combine (LaunchDecodeAttend chooses; MlaDecodeKernel).
-#include "kernels/cuda/mla_attention.cuh"
-
 #include <math.h>
 
 #include <cstdint>
 
 #include "kernels/common/softmax_math.h"
+#include "kernels/cuda/mla_attention.cuh"
 #include "kernels/cuda/mla_attention_block.cuh"
 #include "kernels/cuda/mla_decode_mma.cuh"
 
@@ -49,8 +48,8 @@ namespace {
 
 using namespace mla_block;  // the block-level pieces both decode kernels share
 
-constexpr int kPPitch = 20;          // floats per row of the probability tile [kTile][16]
-constexpr int kSplitAlign = 64;      // split lengths are multiples of every tile size
+constexpr int kPPitch = 20;           // floats per row of the probability tile [kTile][16]
+constexpr int kSplitAlign = 64;       // split lengths are multiples of every tile size
 constexpr int kMinSplitTokens = 128;  // shorter splits cost more to merge than they save
 constexpr int kPlanThreads = 1024;
 constexpr int kCombineThreads = 128;
@@ -102,9 +101,7 @@ __device__ __forceinline__ void Load4(const uint16_t* p, float (&out)[4]) {
   Bf16x2ToF32(raw.x, out[0], out[1]);
   Bf16x2ToF32(raw.y, out[2], out[3]);
 }
-__device__ __forceinline__ void Load4(const float* p, float (&out)[4]) {
-  LoadChunk(p, out);
-}
+__device__ __forceinline__ void Load4(const float* p, float (&out)[4]) { LoadChunk(p, out); }
 
 __device__ __forceinline__ float WarpMax(float v) {
 #pragma unroll
@@ -201,8 +198,8 @@ __device__ void ResolvePrefill(const KernelParams& p, BlockItem& it) {
                       row < p.a.num_rows && h < heads;
     const int64_t r = row;
     const int len = ClampLen(p.a.seq_lens[it.b], p.capacity);
-    it.q_latent[v] = used ? p.a.q_latent + r * p.a.q_latent_stride0 + h * p.a.q_latent_stride1
-                          : nullptr;
+    it.q_latent[v] =
+        used ? p.a.q_latent + r * p.a.q_latent_stride0 + h * p.a.q_latent_stride1 : nullptr;
     it.q_pe[v] = used ? p.a.q_pe + r * p.a.q_pe_stride0 + h * p.a.q_pe_stride1 : nullptr;
     it.limit[v] = used ? min(len, it.context + (row - it.q0) + 1) : 0;  // causal: up to itself
     it.out[v] = used ? p.a.out_latent + (r * heads + h) * p.a.rkv : nullptr;
@@ -251,10 +248,10 @@ __device__ __forceinline__ void LoadTile(const KernelParams& p, const BlockItem&
 template <typename CacheT>
 constexpr size_t DynamicSmemBytes(int pitch) {
   constexpr int kTile = Tile<CacheT>::kRows;
-  return sizeof(float) * kVecs * pitch                 // query vectors
-         + 2 * sizeof(CacheT) * kTile * pitch          // two cache tiles
-         + sizeof(float) * kVecs * (kTile + 4)         // scores
-         + sizeof(float) * kTile * kPPitch;            // probabilities
+  return sizeof(float) * kVecs * pitch          // query vectors
+         + 2 * sizeof(CacheT) * kTile * pitch   // two cache tiles
+         + sizeof(float) * kVecs * (kTile + 4)  // scores
+         + sizeof(float) * kTile * kPPitch;     // probabilities
 }
 
 // The attention kernel (decode and prefill); kPitch > 0 fixes the pitch at
@@ -317,8 +314,8 @@ __global__ void __launch_bounds__(kThreads, 1) MlaAttendKernel(const KernelParam
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[h][e] = 0.0f;
   }
-  const int pv_half = tid >> 7;      // PV: vectors [8 * pv_half, +8)
-  const int d0 = (tid & 127) * 4;    // PV: latent dims [d0, d0 + 4)
+  const int pv_half = tid >> 7;    // PV: vectors [8 * pv_half, +8)
+  const int d0 = (tid & 127) * 4;  // PV: latent dims [d0, d0 + 4)
   const float scale = p.a.scale;
 
   for (int i = 0; i < num_tiles; ++i) {
@@ -332,9 +329,9 @@ __global__ void __launch_bounds__(kThreads, 1) MlaAttendKernel(const KernelParam
 
     // ---- QK: scores of 8 vectors x kTile / 4 tokens per warp.
     {
-      const int vh = warp & 1;          // vectors [8 * vh, +8)
-      const int tg = lane >> 3;         // token group
-      const int ds = lane & 7;          // which chunks of the row
+      const int vh = warp & 1;   // vectors [8 * vh, +8)
+      const int tg = lane >> 3;  // token group
+      const int ds = lane & 7;   // which chunks of the row
       const int r0 = (warp >> 1) * (kTile / 4) + tg * kTpl;
       float acc[8 * kTpl];
 #pragma unroll
@@ -362,7 +359,8 @@ __global__ void __launch_bounds__(kThreads, 1) MlaAttendKernel(const KernelParam
 #pragma unroll
           for (int t = 0; t < kTpl; ++t) {
 #pragma unroll
-            for (int e = 0; e < kChunk; ++e) acc[h * kTpl + t] = fmaf(qf[e], kf[t][e], acc[h * kTpl + t]);
+            for (int e = 0; e < kChunk; ++e)
+              acc[h * kTpl + t] = fmaf(qf[e], kf[t][e], acc[h * kTpl + t]);
           }
         }
       }
@@ -479,8 +477,8 @@ __device__ int SplitTokens(long long total, int extra) {
 // plan[num_seqs + 1] = split length. Sequence b gets max(1, ceil(len / chunk))
 // items; item k covers tokens [k * chunk, min(len, (k + 1) * chunk)).
 __global__ void __launch_bounds__(kPlanThreads)
-    MlaDecodePlanKernel(const int32_t* __restrict__ seq_lens, int num_seqs, int capacity,
-                        int extra, int* __restrict__ plan) {
+    MlaDecodePlanKernel(const int32_t* __restrict__ seq_lens, int num_seqs, int capacity, int extra,
+                        int* __restrict__ plan) {
   using Reduce = cub::BlockReduce<long long, kPlanThreads>;
   using Scan = cub::BlockScan<int, kPlanThreads>;
   __shared__ union {
@@ -538,10 +536,9 @@ __global__ void __launch_bounds__(kCombineThreads)
   for (int k0 = 0; k0 < num_splits; k0 += kCombineThreads) {
     __syncthreads();  // the previous weights are consumed
     const int k = k0 + tid;
-    weight[tid] =
-        k < num_splits
-            ? LseMergeWeight(part_lse[static_cast<int64_t>(first + k) * heads + h], total)
-            : 0.0f;
+    weight[tid] = k < num_splits
+                      ? LseMergeWeight(part_lse[static_cast<int64_t>(first + k) * heads + h], total)
+                      : 0.0f;
     __syncthreads();
     const int n = min(kCombineThreads, num_splits - k0);
     for (int j = 0; j < n; ++j) {
@@ -595,16 +592,16 @@ WorkspaceLayout Layout(int64_t items, int64_t heads, int64_t rkv) {
 bool ValidArgs(const MlaAttentionArgs& a) {
   return a.num_seqs >= 0 && a.num_seqs < (int64_t{1} << 30) && a.num_rows >= 0 &&
          a.num_rows < (int64_t{1} << 31) - 1 && a.heads >= 1 && a.heads <= (1 << 20) &&
-         MlaAttentionSupported(a.rkv, a.dr) && (a.cache_dtype == DType::kF32 || a.cache_dtype == DType::kBF16) &&
-         a.block_size >= 1 && a.block_size < (int64_t{1} << 30) && a.max_blocks >= 0 &&
-         a.num_blocks >= 0;
+         MlaAttentionSupported(a.rkv, a.dr) &&
+         (a.cache_dtype == DType::kF32 || a.cache_dtype == DType::kBF16) && a.block_size >= 1 &&
+         a.block_size < (int64_t{1} << 30) && a.max_blocks >= 0 && a.num_blocks >= 0;
 }
 
 template <typename CacheT>
 cudaError_t LaunchAttend(const KernelParams& p, unsigned grid, cudaStream_t stream) {
   constexpr int kChunk = 16 / static_cast<int>(sizeof(CacheT));
-  const bool fixed = p.pitch == static_cast<int>(kMlaMaxRowWidth) && p.vec_loads &&
-                     kMlaMaxRowWidth % kChunk == 0;
+  const bool fixed =
+      p.pitch == static_cast<int>(kMlaMaxRowWidth) && p.vec_loads && kMlaMaxRowWidth % kChunk == 0;
   void (*kernel)(KernelParams) = fixed ? MlaAttendKernel<CacheT, static_cast<int>(kMlaMaxRowWidth)>
                                        : MlaAttendKernel<CacheT, 0>;
   const size_t smem = DynamicSmemBytes<CacheT>(p.pitch);
@@ -617,7 +614,7 @@ cudaError_t LaunchAttend(const KernelParams& p, unsigned grid, cudaStream_t stre
 
 cudaError_t LaunchAttendForDtype(const KernelParams& p, unsigned grid, cudaStream_t stream) {
   return p.a.cache_dtype == DType::kBF16 ? LaunchAttend<uint16_t>(p, grid, stream)
-                              : LaunchAttend<float>(p, grid, stream);
+                                         : LaunchAttend<float>(p, grid, stream);
 }
 
 KernelParams BaseParams(const MlaAttentionArgs& a) {
@@ -628,8 +625,8 @@ KernelParams BaseParams(const MlaAttentionArgs& a) {
   p.pitch = static_cast<int>((width + chunk - 1) / chunk * chunk);
   // 16-byte copies need 16-byte rows; an empty cache (nullptr) takes the
   // element path, which reads nothing when no block is valid.
-  p.vec_loads = width % chunk == 0 && a.cache != nullptr &&
-                reinterpret_cast<uintptr_t>(a.cache) % 16 == 0;
+  p.vec_loads =
+      width % chunk == 0 && a.cache != nullptr && reinterpret_cast<uintptr_t>(a.cache) % 16 == 0;
   const int64_t capacity = a.max_blocks * a.block_size;
   p.capacity = static_cast<int>(capacity < kNoSplit ? capacity : kNoSplit);
   p.head_groups = static_cast<int>((a.heads + kVecs - 1) / kVecs);
@@ -647,8 +644,8 @@ size_t MlaDecodeWorkspaceBytes(int64_t batch, int64_t heads, int64_t rkv, int64_
 
 int64_t MlaDecodeWorkspaceItems(size_t bytes, int64_t heads, int64_t rkv) {
   if (heads < 1 || rkv < 1) return 0;
-  const size_t per_item = (static_cast<size_t>(heads) * static_cast<size_t>(rkv + 1) + 1) *
-                          sizeof(float);
+  const size_t per_item =
+      (static_cast<size_t>(heads) * static_cast<size_t>(rkv + 1) + 1) * sizeof(float);
   int64_t n = static_cast<int64_t>(bytes / per_item);
   if (n > (int64_t{1} << 30)) n = int64_t{1} << 30;
   while (n > 0 && Layout(n, heads, rkv).total > bytes) --n;
@@ -676,9 +673,8 @@ cudaError_t LaunchDecodeAttend(const KernelParams& p, unsigned grid, int device,
   err = cudaFuncGetAttributes(&built, MlaDecodeMmaKernel<true>);
   if (err != cudaSuccess) return err;
   const size_t smem = MmaSmemBytes(static_cast<int>(p.a.rkv + p.a.dr));
-  const bool mma_usable = MlaDecodeMmaSupported(p.a.rkv, p.a.dr, p.a.cache_dtype) &&
-                          p.vec_loads && major >= 8 && built.binaryVersion >= 80 &&
-                          built.ptxVersion >= 80 &&
+  const bool mma_usable = MlaDecodeMmaSupported(p.a.rkv, p.a.dr, p.a.cache_dtype) && p.vec_loads &&
+                          major >= 8 && built.binaryVersion >= 80 && built.ptxVersion >= 80 &&
                           smem + sizeof(BlockItem) <= static_cast<size_t>(smem_limit);
   MlaDecodeKernel kind = p.a.decode_kernel;
   if (kind == MlaDecodeKernel::kAuto) {
@@ -731,17 +727,18 @@ cudaError_t LaunchMlaDecode(const MlaAttentionArgs& a, void* workspace, size_t w
     p.plan = reinterpret_cast<int*>(base);
     p.part_lse = reinterpret_cast<float*>(base + l.lse_offset);
     p.part_out = reinterpret_cast<float*>(base + l.out_offset);
-    MLAG_LAUNCH(MlaDecodePlanKernel, 1, kPlanThreads, 0, stream)(a.seq_lens, num_seqs, p.capacity, extra,
-                                                        reinterpret_cast<int*>(base));
+    MLAG_LAUNCH(MlaDecodePlanKernel, 1, kPlanThreads, 0, stream)
+    (a.seq_lens, num_seqs, p.capacity, extra, reinterpret_cast<int*>(base));
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
   err = LaunchDecodeAttend(p, static_cast<unsigned>(num_items * p.head_groups), device, stream);
   if (err != cudaSuccess || extra == 0) return err;
-  MLAG_LAUNCH(MlaDecodeCombineKernel, dim3(static_cast<unsigned>(a.heads), static_cast<unsigned>(num_seqs)), kCombineThreads, 0, stream)(p.plan, p.part_out, p.part_lse,
-                                                         static_cast<int>(a.heads),
-                                                         static_cast<int>(a.rkv), a.out_latent,
-                                                         a.lse);
+  MLAG_LAUNCH(MlaDecodeCombineKernel,
+              dim3(static_cast<unsigned>(a.heads), static_cast<unsigned>(num_seqs)),
+              kCombineThreads, 0, stream)
+  (p.plan, p.part_out, p.part_lse, static_cast<int>(a.heads), static_cast<int>(a.rkv), a.out_latent,
+   a.lse);
   return cudaGetLastError();
 }
 
@@ -750,9 +747,9 @@ cudaError_t LaunchMlaPrefill(const MlaAttentionArgs& a, cudaStream_t stream) {
   if (a.num_rows == 0) return cudaSuccess;
   KernelParams p = BaseParams(a);
   p.prefill = 1;
-  MLAG_LAUNCH(MlaPrefillClearKernel, static_cast<unsigned>(a.num_rows), 128, 0, stream)(
-      a.query_start_loc, static_cast<int>(a.num_seqs), a.heads * a.rkv,
-      static_cast<int>(a.heads), a.out_latent, a.lse);
+  MLAG_LAUNCH(MlaPrefillClearKernel, static_cast<unsigned>(a.num_rows), 128, 0, stream)
+  (a.query_start_loc, static_cast<int>(a.num_seqs), a.heads * a.rkv, static_cast<int>(a.heads),
+   a.out_latent, a.lse);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || a.num_seqs == 0) return err;
   // Row blocks: sum_b ceil(q_len_b / rows) <= num_rows / rows + num_seqs.

@@ -27,7 +27,7 @@ struct MlaAttentionArgs {
   int64_t q_latent_stride0 = 0, q_latent_stride1 = 0;
   const float* q_pe = nullptr;  // [num_rows, heads, dr], last dim unit-stride
   int64_t q_pe_stride0 = 0, q_pe_stride1 = 0;
-  const void* cache = nullptr;  // [num_blocks, block_size, rkv + dr], contiguous
+  const void* cache = nullptr;      // [num_blocks, block_size, rkv + dr], contiguous
   DType cache_dtype = DType::kF32;  // f32 or bf16
   int64_t num_blocks = 0, block_size = 0;
   const int32_t* block_table = nullptr;  // [num_seqs, max_blocks], row stride below
@@ -38,8 +38,8 @@ struct MlaAttentionArgs {
   int64_t num_rows = 0;                      // decode: == num_seqs
   int64_t heads = 0, rkv = 0, dr = 0;
   float scale = 1.0f;
-  float* out_latent = nullptr;  // [num_rows, heads, rkv], contiguous
-  float* lse = nullptr;         // [num_rows, heads], contiguous
+  float* out_latent = nullptr;                             // [num_rows, heads, rkv], contiguous
+  float* lse = nullptr;                                    // [num_rows, heads], contiguous
   MlaDecodeKernel decode_kernel = MlaDecodeKernel::kAuto;  // decode only
 };
 

@@ -68,14 +68,14 @@ struct KernelParams {
 
 // What a block works on, resolved by its first threads.
 struct BlockItem {
-  int exit;        // 1: no work for this block
-  int b;           // sequence
-  int begin, end;  // cache tokens [begin, end) read by this block
-  int item;        // decode: item index (partial slot)
-  int direct;      // decode: 1 when the item is the whole sequence
-  int row0, row1;  // prefill: query rows [row0, row1) of sequence b
-  int context;     // prefill: cached tokens before the sequence's first query row
-  int q0;          // prefill: query_start_loc[b]
+  int exit;                  // 1: no work for this block
+  int b;                     // sequence
+  int begin, end;            // cache tokens [begin, end) read by this block
+  int item;                  // decode: item index (partial slot)
+  int direct;                // decode: 1 when the item is the whole sequence
+  int row0, row1;            // prefill: query rows [row0, row1) of sequence b
+  int context;               // prefill: cached tokens before the sequence's first query row
+  int q0;                    // prefill: query_start_loc[b]
   int found_b, found_block;  // search result: sequence, prefill row block
   // Per query vector; q_latent == nullptr marks an unused vector.
   const float* q_latent[kVecs];
@@ -133,8 +133,8 @@ __device__ inline void ResolveDecode(const KernelParams& p, BlockItem& it) {
     const bool used = h < heads;
     const int64_t b = it.b;
     const int64_t rkv = p.a.rkv;
-    it.q_latent[v] = used ? p.a.q_latent + b * p.a.q_latent_stride0 + h * p.a.q_latent_stride1
-                          : nullptr;
+    it.q_latent[v] =
+        used ? p.a.q_latent + b * p.a.q_latent_stride0 + h * p.a.q_latent_stride1 : nullptr;
     it.q_pe[v] = used ? p.a.q_pe + b * p.a.q_pe_stride0 + h * p.a.q_pe_stride1 : nullptr;
     it.limit[v] = used ? it.end : 0;
     const int64_t slot = it.direct ? b * heads + h : static_cast<int64_t>(it.item) * heads + h;

@@ -9,9 +9,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "runtime/core/scalar_types.h"
 #include "kernels/common/softmax_math.h"
 #include "kernels/cuda/mla_attention_block.cuh"
+#include "runtime/core/scalar_types.h"
 
 namespace mlag::cuda::mla_block {
 
@@ -52,16 +52,18 @@ namespace mlag::cuda::mla_block {
 //       bf16 probabilities and the rescale factor;
 //   PV  warp w owns rkv / 64 consecutive n-tiles (8 latent dims each) of O
 //       in registers for the whole item.
-inline constexpr int kMmaTile = 32;         // tokens per pipeline stage
-inline constexpr int kMmaStages = 3;        // cp.async ring depth (two tiles in flight)
+inline constexpr int kMmaTile = 32;   // tokens per pipeline stage
+inline constexpr int kMmaStages = 3;  // cp.async ring depth (two tiles in flight)
 inline constexpr int kMmaWarps = kThreads / 32;
-inline constexpr int kMmaKsPerWarp = static_cast<int>(kMlaMaxRowWidth / 16 + kMmaWarps - 1) / kMmaWarps;
+inline constexpr int kMmaKsPerWarp =
+    static_cast<int>(kMlaMaxRowWidth / 16 + kMmaWarps - 1) / kMmaWarps;
 inline constexpr int kMmaNtPerWarp = static_cast<int>(kMlaMaxRkv / 8 + kMmaWarps - 1) / kMmaWarps;
 inline constexpr int kMmaSPitch = kMmaTile + 8;  // floats per row of a partial score tile
 inline constexpr int kMmaPPitch = kMmaTile + 8;  // bf16 per row of the probability tile
 inline constexpr int kMmaPad = 8;                // bf16 after each cache row in shared memory
 
-static_assert(kMmaWarps == 8 && kMmaTile == 32, "the softmax step maps 16 threads x 2 tokens per head");
+static_assert(kMmaWarps == 8 && kMmaTile == 32,
+              "the softmax step maps 16 threads x 2 tokens per head");
 static_assert(kMmaStages >= 2, "the ring needs a tile in flight");
 
 // Shared-memory row pitch (bf16) of a cache row of `width` (a multiple of 16):
@@ -71,9 +73,9 @@ __host__ __device__ inline constexpr int MmaRowPitch(int width) { return width +
 
 inline constexpr size_t MmaSmemBytes(int width) {
   return sizeof(uint16_t) * kMmaStages * kMmaTile * MmaRowPitch(width)  // cache ring
-         + sizeof(float) * kMmaWarps * kVecs * kMmaSPitch                // partial scores
-         + sizeof(uint16_t) * kVecs * kMmaPPitch                         // probabilities
-         + sizeof(float) * kVecs;                                        // rescale factors
+         + sizeof(float) * kMmaWarps * kVecs * kMmaSPitch               // partial scores
+         + sizeof(uint16_t) * kVecs * kMmaPPitch                        // probabilities
+         + sizeof(float) * kVecs;                                       // rescale factors
 }
 
 // d += a . b (m16n8k16, bf16 x bf16 -> f32).
@@ -110,7 +112,6 @@ __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const uint16_t
 #endif
 }
 
-
 __device__ __forceinline__ uint32_t PackBf16(uint16_t lo, uint16_t hi) {
   return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
 }
@@ -125,8 +126,8 @@ __device__ __forceinline__ float QueryElem(const BlockItem& it, int v, int d, in
 // it.b into `stage` ([kMmaTile][pitch] bf16; columns past `width` are never
 // read). Rows past it.end or in a block outside the cache become zeros. The
 // caller commits the group.
-__device__ __forceinline__ void LoadMmaTile(const KernelParams& p, const BlockItem& it,
-                                            int width, int pitch, int t0, uint16_t* stage) {
+__device__ __forceinline__ void LoadMmaTile(const KernelParams& p, const BlockItem& it, int width,
+                                            int pitch, int t0, uint16_t* stage) {
   constexpr int kThreadsPerRow = kThreads / kMmaTile;
   const int r = static_cast<int>(threadIdx.x) / kThreadsPerRow;
   const int sub = static_cast<int>(threadIdx.x) % kThreadsPerRow;
@@ -156,7 +157,7 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeMmaKernel(const KernelPa
   const int rkv = static_cast<int>(p.a.rkv);
   const int width = rkv + static_cast<int>(p.a.dr);
   const int pitch = MmaRowPitch(width);
-  uint16_t* kv_s = reinterpret_cast<uint16_t*>(smem_raw);               // [stages][tile][pitch]
+  uint16_t* kv_s = reinterpret_cast<uint16_t*>(smem_raw);  // [stages][tile][pitch]
   float* red_s = reinterpret_cast<float*>(kv_s + kMmaStages * kMmaTile * pitch);  // [warp][16][SP]
   uint16_t* p_s = reinterpret_cast<uint16_t*>(red_s + kMmaWarps * kVecs * kMmaSPitch);  // [16][PP]
   float* alpha_s = reinterpret_cast<float*>(p_s + kVecs * kMmaPPitch);                  // [16]
@@ -227,8 +228,8 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeMmaKernel(const KernelPa
 
   for (int i = 0; i < num_tiles; ++i) {
     CpAsyncWait<kMmaStages - 2>();  // tile i has landed (later ones may be in flight)
-    __syncthreads();  // tile i visible to all; every thread is done with tile i - 1,
-                      // its ring slot, the partial scores and the probabilities
+    __syncthreads();                // tile i visible to all; every thread is done with tile i - 1,
+                                    // its ring slot, the partial scores and the probabilities
     {
       const int next = i + kMmaStages - 1;
       if (next < num_tiles) {

@@ -1,10 +1,9 @@
 // The MLA KV-cache write (kernels/mla_kv_update.h) on CUDA: one thread block
 // per token, a dummy or padding token (slot < 0) leaves at once.
-#include "kernels/cuda/mla_kv_update.cuh"
-
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cuda/mla_kv_update.cuh"
 #include "runtime/core/scalar_types.h"
 
 namespace mlag::cuda {
@@ -108,17 +107,17 @@ struct KvArgs {
 template <typename SrcC, typename SrcPe, typename Dst>
 cudaError_t Launch(const KvArgs& a, cudaStream_t stream) {
   auto* const kernel = MlaKvUpdateKernel<SrcC, SrcPe, Dst>;
-  MLAG_LAUNCH(kernel, static_cast<unsigned>(a.num_tokens), kThreads, 0, stream)(
-      static_cast<const SrcC*>(a.kv_c), a.kv_c_row_stride, static_cast<const SrcPe*>(a.k_pe),
-      a.k_pe_row_stride, a.slot_mapping, a.slot_mapping_stride, static_cast<Dst*>(a.cache),
-      a.num_slots, a.rkv, a.dr);
+  MLAG_LAUNCH(kernel, static_cast<unsigned>(a.num_tokens), kThreads, 0, stream)
+  (static_cast<const SrcC*>(a.kv_c), a.kv_c_row_stride, static_cast<const SrcPe*>(a.k_pe),
+   a.k_pe_row_stride, a.slot_mapping, a.slot_mapping_stride, static_cast<Dst*>(a.cache),
+   a.num_slots, a.rkv, a.dr);
   return cudaGetLastError();
 }
 
 template <typename SrcC, typename SrcPe>
 cudaError_t LaunchForCache(const KvArgs& a, DType cache_dtype, cudaStream_t stream) {
   return cache_dtype == DType::kF32 ? Launch<SrcC, SrcPe, float>(a, stream)
-                          : Launch<SrcC, SrcPe, uint16_t>(a, stream);
+                                    : Launch<SrcC, SrcPe, uint16_t>(a, stream);
 }
 
 }  // namespace
@@ -129,21 +128,28 @@ cudaError_t LaunchMlaKvUpdate(const void* kv_c, DType kv_c_dtype, int64_t kv_c_r
                               int64_t num_tokens, void* cache, DType cache_dtype, int64_t num_slots,
                               int64_t rkv, int64_t dr, cudaStream_t stream) {
   auto is_float = [](DType dtype) { return dtype == DType::kF32 || dtype == DType::kBF16; };
-  if (num_tokens < 0 || num_tokens > 0x7fffffff || rkv < 0 || dr < 0 ||
-      rkv + dr > 0x7fffffff || !is_float(kv_c_dtype) || !is_float(k_pe_dtype) ||
-      !is_float(cache_dtype)) {
+  if (num_tokens < 0 || num_tokens > 0x7fffffff || rkv < 0 || dr < 0 || rkv + dr > 0x7fffffff ||
+      !is_float(kv_c_dtype) || !is_float(k_pe_dtype) || !is_float(cache_dtype)) {
     return cudaErrorInvalidValue;
   }
   if (num_tokens == 0) return cudaSuccess;
-  const KvArgs a{kv_c,         kv_c_row_stride,     k_pe,       k_pe_row_stride,
-                 slot_mapping, slot_mapping_stride, num_tokens, cache,
-                 num_slots,    static_cast<int>(rkv), static_cast<int>(dr)};
+  const KvArgs a{kv_c,
+                 kv_c_row_stride,
+                 k_pe,
+                 k_pe_row_stride,
+                 slot_mapping,
+                 slot_mapping_stride,
+                 num_tokens,
+                 cache,
+                 num_slots,
+                 static_cast<int>(rkv),
+                 static_cast<int>(dr)};
   if (kv_c_dtype == DType::kF32) {
     return k_pe_dtype == DType::kF32 ? LaunchForCache<float, float>(a, cache_dtype, stream)
-                           : LaunchForCache<float, uint16_t>(a, cache_dtype, stream);
+                                     : LaunchForCache<float, uint16_t>(a, cache_dtype, stream);
   }
   return k_pe_dtype == DType::kF32 ? LaunchForCache<uint16_t, float>(a, cache_dtype, stream)
-                         : LaunchForCache<uint16_t, uint16_t>(a, cache_dtype, stream);
+                                   : LaunchForCache<uint16_t, uint16_t>(a, cache_dtype, stream);
 }
 
 }  // namespace mlag::cuda

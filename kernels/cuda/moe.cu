@@ -1,9 +1,7 @@
 // CUDA kernels for kernels/moe.h: the router, and the routed experts as a
 // device-planned grouped GEMM (see kernels/cuda/moe.cuh for the contract).
-#include "kernels/cuda/moe.cuh"
-
-
 #include "kernels/common/routing_math.h"
+#include "kernels/cuda/moe.cuh"
 
 namespace mlag::cuda {
 namespace {
@@ -39,7 +37,7 @@ __device__ __forceinline__ float WarpSum(float v) {
 
 // One warp per token. Block: RouteWarpsPerBlock warps; dynamic shared memory:
 // that many RouteWarpBytes slices.
-__global__ void __launch_bounds__(kRouteMaxWarps * kWarpSize)
+__global__ void __launch_bounds__(kRouteMaxWarps* kWarpSize)
     MoeRouteKernel(MoeRouteParams p, const float* __restrict__ logits, int64_t ld,
                    const float* __restrict__ bias, int64_t num_tokens, int32_t* __restrict__ ids,
                    float* __restrict__ weights) {
@@ -261,13 +259,13 @@ __global__ void __launch_bounds__(kPlanThreads)
 // operands K-contiguous. blockIdx.x is a row tile of the plan (slot found by
 // binary search in tile_offsets), blockIdx.y a tile of BN output columns.
 struct GroupedGemmArgs {
-  const float* a;              // kGateUp: x (rows gathered via token_of_row); else act
+  const float* a;  // kGateUp: x (rows gathered via token_of_row); else act
   int64_t lda;
   const int32_t* token_of_row;  // kGateUp only
-  const float* b;              // slot s at b + s * b_slot_stride; rows of length k
+  const float* b;               // slot s at b + s * b_slot_stride; rows of length k
   int64_t b_slot_stride;
-  int n;                       // output columns (kGateUp: I, up rows at b row n + c)
-  int k;                       // reduction length
+  int n;  // output columns (kGateUp: I, up rows at b row n + c)
+  int k;  // reduction length
   float* c;
   int64_t ldc;
   const int32_t* offsets;
@@ -276,8 +274,7 @@ struct GroupedGemmArgs {
 };
 
 template <int BM, int BN, int BK, int TM, int TN, bool kGateUp>
-__global__ void __launch_bounds__((BM / TM) * (BN / TN))
-    MoeGroupedGemmKernel(GroupedGemmArgs p) {
+__global__ void __launch_bounds__((BM / TM) * (BN / TN)) MoeGroupedGemmKernel(GroupedGemmArgs p) {
   constexpr int kThreads = (BM / TM) * (BN / TN);
   constexpr int kColThreads = BN / TN;
   constexpr int kALoads = BM * BK / kThreads;
@@ -289,7 +286,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
   const int tile = static_cast<int>(blockIdx.x);
   const int L = p.num_slots;
   if (tile >= p.tile_offsets[L]) return;  // beyond the planned tiles
-  int lo = 0, hi = L - 1;  // the last slot whose first tile is <= tile
+  int lo = 0, hi = L - 1;                 // the last slot whose first tile is <= tile
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
     if (p.tile_offsets[mid] <= tile) {
@@ -485,9 +482,8 @@ cudaError_t LaunchMoeRoute(const MoeRouteParams& params, const float* logits, in
   if (num_tokens <= 0) return cudaSuccess;
   const int E = params.num_experts;
   const int G = params.n_group;
-  if (E <= 0 || E > kMoeRouteMaxExperts || G <= 0 || G > E || E % G != 0 ||
-      params.topk_group < 1 || params.topk_group > G || params.top_k <= 0 ||
-      params.top_k > E) {
+  if (E <= 0 || E > kMoeRouteMaxExperts || G <= 0 || G > E || E % G != 0 || params.topk_group < 1 ||
+      params.topk_group > G || params.top_k <= 0 || params.top_k > E) {
     return cudaErrorInvalidValue;
   }
   const int warps = RouteWarpsPerBlock(E, G);
@@ -495,8 +491,8 @@ cudaError_t LaunchMoeRoute(const MoeRouteParams& params, const float* logits, in
   const int64_t blocks = (num_tokens + warps - 1) / warps;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   const size_t smem = static_cast<size_t>(warps) * RouteWarpBytes(E, G);
-  MLAG_LAUNCH(MoeRouteKernel, static_cast<unsigned>(blocks), warps * kWarpSize, smem, stream)(
-      params, logits, logits_ld, correction_bias, num_tokens, topk_ids, topk_weights);
+  MLAG_LAUNCH(MoeRouteKernel, static_cast<unsigned>(blocks), warps * kWarpSize, smem, stream)
+  (params, logits, logits_ld, correction_bias, num_tokens, topk_ids, topk_weights);
   return cudaGetLastError();
 }
 
@@ -505,8 +501,8 @@ size_t MoeExpertsWorkspaceBytes(int64_t T, int64_t K, int64_t D, int64_t I, int6
 }
 
 cudaError_t LaunchMoeExperts(const MoeExpertsArgs& a, cudaStream_t stream) {
-  if (a.T < 0 || a.K < 0 || a.E < 0 || a.L < 0 || a.D < 0 || a.I < 0 ||
-      a.L > kMoeMaxLocalExperts || a.D > kMoeMaxColumns || a.I > kMoeMaxColumns ||
+  if (a.T < 0 || a.K < 0 || a.E < 0 || a.L < 0 || a.D < 0 || a.I < 0 || a.L > kMoeMaxLocalExperts ||
+      a.D > kMoeMaxColumns || a.I > kMoeMaxColumns ||
       static_cast<int64_t>(a.T) * a.K > 0x7fffffff - 64) {  // room for the tile round-up
     return cudaErrorInvalidValue;
   }
@@ -525,12 +521,12 @@ cudaError_t LaunchMoeExperts(const MoeExpertsArgs& a, cudaStream_t stream) {
     int32_t* tile_offsets = reinterpret_cast<int32_t*>(ws + layout.tile_offsets);
     int32_t* token_of_row = reinterpret_cast<int32_t*>(ws + layout.token_of_row);
     float* act = reinterpret_cast<float*>(ws + layout.act);
-    const TileConfig cfg =
-        static_cast<int64_t>(pairs) >= kLargeTileRows * (a.L > 0 ? a.L : 1) ? kLargeTiles
-                                                                             : kSmallTiles;
-    MLAG_LAUNCH(MoePlanKernel, 1, kPlanThreads, static_cast<size_t>(a.L) * sizeof(int32_t), stream)(
-        a.topk_ids, pairs, a.K, a.expert_map, a.E, a.L, cfg.bm, offsets, tile_offsets, row_of,
-        token_of_row);
+    const TileConfig cfg = static_cast<int64_t>(pairs) >= kLargeTileRows * (a.L > 0 ? a.L : 1)
+                               ? kLargeTiles
+                               : kSmallTiles;
+    MLAG_LAUNCH(MoePlanKernel, 1, kPlanThreads, static_cast<size_t>(a.L) * sizeof(int32_t), stream)
+    (a.topk_ids, pairs, a.K, a.expert_map, a.E, a.L, cfg.bm, offsets, tile_offsets, row_of,
+     token_of_row);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
     // Worst case over every routing: sum over slots of ceil(n_s / BM).
@@ -572,8 +568,8 @@ cudaError_t LaunchMoeExperts(const MoeExpertsArgs& a, cudaStream_t stream) {
   const int64_t n = static_cast<int64_t>(a.T) * a.D;
   int64_t blocks = (n + kCombineThreads - 1) / kCombineThreads;
   if (blocks > 65535 * 8) blocks = 65535 * 8;
-  MLAG_LAUNCH(MoeCombineKernel, static_cast<unsigned>(blocks), kCombineThreads, 0, stream)(
-      y, row_of, a.topk_weights, a.T, a.K, a.D, a.out);
+  MLAG_LAUNCH(MoeCombineKernel, static_cast<unsigned>(blocks), kCombineThreads, 0, stream)
+  (y, row_of, a.topk_weights, a.T, a.K, a.D, a.out);
   return cudaGetLastError();
 }
 

@@ -22,10 +22,10 @@ enum MoeTopkMethod : int { kMoeGreedy = 0, kMoeGroupLimitedGreedy = 1, kMoeNoaux
 
 // mlag::RoutingParams in plain types (see kernels/moe.h for the semantics).
 struct MoeRouteParams {
-  int num_experts = 0;  // E
-  int top_k = 0;        // K (<= E)
-  int n_group = 1;      // G, divides E
-  int topk_group = 1;   // groups kept (grouped methods)
+  int num_experts = 0;   // E
+  int top_k = 0;         // K (<= E)
+  int n_group = 1;       // G, divides E
+  int topk_group = 1;    // groups kept (grouped methods)
   bool sigmoid = false;  // scoring: sigmoid, else softmax
   int method = kMoeGreedy;
   bool norm_topk_prob = false;
@@ -72,7 +72,7 @@ struct MoeExpertsArgs {
   const float* w_gate_up = nullptr;     // [L, 2I, D] contiguous
   const float* w_down = nullptr;        // [L, D, I] contiguous
   float* out = nullptr;                 // [T, D] contiguous, overwritten
-  void* workspace = nullptr;            // >= MoeExpertsWorkspaceBytes(T, K, D, I, L), 4-byte aligned
+  void* workspace = nullptr;  // >= MoeExpertsWorkspaceBytes(T, K, D, I, L), 4-byte aligned
   size_t workspace_bytes = 0;
   int T = 0, K = 0, E = 0, L = 0, D = 0, I = 0;  // T * K fits int
 };

@@ -8,8 +8,6 @@
 // later writes it, in pass 1 or just before in pass 2.
 #include "kernels/cuda/rms_norm.cuh"
 
-
-
 namespace mlag::cuda {
 namespace {
 
@@ -77,21 +75,20 @@ cudaError_t LaunchRmsNorm(const void* x, DType x_dtype, int64_t x_row_stride, co
                           DType weight_dtype, void* y, DType y_dtype, int64_t y_row_stride,
                           int64_t rows, int64_t dim, float eps, cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return cudaSuccess;
-  MLAG_LAUNCH(RmsNormKernel<false>, Blocks(rows), kThreads, 0, stream)(
-      nullptr, DType::kF32, 0, x, nullptr, x_dtype, x_row_stride, weight, weight_dtype, y,
-      y_dtype, y_row_stride, rows, dim, eps);
+  MLAG_LAUNCH(RmsNormKernel<false>, Blocks(rows), kThreads, 0, stream)
+  (nullptr, DType::kF32, 0, x, nullptr, x_dtype, x_row_stride, weight, weight_dtype, y, y_dtype,
+   y_row_stride, rows, dim, eps);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchAddRmsNorm(const void* x, DType x_dtype, int64_t x_row_stride, void* residual,
-                             DType residual_dtype, int64_t residual_row_stride,
-                             const void* weight, DType weight_dtype, void* y, DType y_dtype,
-                             int64_t y_row_stride, int64_t rows, int64_t dim, float eps,
-                             cudaStream_t stream) {
+                             DType residual_dtype, int64_t residual_row_stride, const void* weight,
+                             DType weight_dtype, void* y, DType y_dtype, int64_t y_row_stride,
+                             int64_t rows, int64_t dim, float eps, cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return cudaSuccess;
-  MLAG_LAUNCH(RmsNormKernel<true>, Blocks(rows), kThreads, 0, stream)(
-      x, x_dtype, x_row_stride, residual, residual, residual_dtype, residual_row_stride, weight,
-      weight_dtype, y, y_dtype, y_row_stride, rows, dim, eps);
+  MLAG_LAUNCH(RmsNormKernel<true>, Blocks(rows), kThreads, 0, stream)
+  (x, x_dtype, x_row_stride, residual, residual, residual_dtype, residual_row_stride, weight,
+   weight_dtype, y, y_dtype, y_row_stride, rows, dim, eps);
   return cudaGetLastError();
 }
 

@@ -24,9 +24,8 @@ cudaError_t LaunchRmsNorm(const void* x, DType x_dtype, int64_t x_row_stride, co
 // residual = round_to_residual_dtype(residual + x); y = RmsNorm(residual).
 // y may be x itself, never residual.
 cudaError_t LaunchAddRmsNorm(const void* x, DType x_dtype, int64_t x_row_stride, void* residual,
-                             DType residual_dtype, int64_t residual_row_stride,
-                             const void* weight, DType weight_dtype, void* y, DType y_dtype,
-                             int64_t y_row_stride, int64_t rows, int64_t dim, float eps,
-                             cudaStream_t stream);
+                             DType residual_dtype, int64_t residual_row_stride, const void* weight,
+                             DType weight_dtype, void* y, DType y_dtype, int64_t y_row_stride,
+                             int64_t rows, int64_t dim, float eps, cudaStream_t stream);
 
 }  // namespace mlag::cuda

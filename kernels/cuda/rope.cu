@@ -1,9 +1,8 @@
 // ApplyRope (kernels/rope.h): one block per token (striding over tokens
 // beyond the grid); its threads take the (heads + 1) * half pairs of the
 // token, the last "head" being k_pe.
-#include "kernels/cuda/rope.cuh"
-
 #include "kernels/common/rope_math.h"
+#include "kernels/cuda/rope.cuh"
 
 namespace mlag::cuda {
 namespace {
@@ -25,8 +24,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t idx = threadIdx.x; idx < pairs; idx += kThreads) {
       const int64_t h = idx / half;
       const int64_t i = idx - h * half;
-      float* x = h < heads ? q_pe + t * q_token_stride + h * q_head_stride
-                           : k_pe + t * k_token_stride;
+      float* x =
+          h < heads ? q_pe + t * q_token_stride + h * q_head_stride : k_pe + t * k_token_stride;
       float y0, y1;
       RopeRotatePair(x[2 * i], x[2 * i + 1], cos_row[i], sin_row[i], &y0, &y1);
       x[2 * i] = y0;
@@ -44,10 +43,9 @@ cudaError_t LaunchApplyRope(const int32_t* positions, int64_t position_stride, c
                             cudaStream_t stream) {
   if (num_tokens <= 0 || half <= 0) return cudaSuccess;
   const int blocks = static_cast<int>(num_tokens < kMaxBlocks ? num_tokens : kMaxBlocks);
-  MLAG_LAUNCH(ApplyRopeKernel, blocks, kThreads, 0, stream)(positions, position_stride, table, table_rows,
-                                                   table_row_stride, q_pe, q_token_stride,
-                                                   q_head_stride, heads, k_pe, k_token_stride,
-                                                   num_tokens, half);
+  MLAG_LAUNCH(ApplyRopeKernel, blocks, kThreads, 0, stream)
+  (positions, position_stride, table, table_rows, table_row_stride, q_pe, q_token_stride,
+   q_head_stride, heads, k_pe, k_token_stride, num_tokens, half);
   return cudaGetLastError();
 }
 

@@ -18,11 +18,9 @@
 // row (L2-resident); masses (an exp in double) are computed only for kept
 // tokens whose key matches the prefix found so far. A warp whose 32 tokens
 // all fall in one bin adds them with shuffles and one shared atomic.
-#include "kernels/cuda/sampling.cuh"
-
-
 #include "kernels/common/random.h"
 #include "kernels/common/sampling_math.h"
+#include "kernels/cuda/sampling.cuh"
 
 namespace mlag::cuda {
 namespace {
@@ -45,14 +43,14 @@ struct SharedState {
     typename BlockReduceU64::TempStorage reduce;
     typename BlockScanU64::TempStorage scan;
   } cub;
-  u64 hist[kBins];                        // value per digit of the current pass
-  unsigned int group_count[kLastBins];    // last pass: tokens per digit,
-  unsigned int group_min_id[kLastBins];   //   their lowest id
-  unsigned int group_max_id[kLastBins];   //   and their highest id
-  u64 best;                               // block max of rank keys
-  u64 digit_above;                        // value of the bins above the chosen digit
-  unsigned int digit;                     // the chosen digit
-  unsigned int found_id;                  // NthInGroup's answer
+  u64 hist[kBins];                       // value per digit of the current pass
+  unsigned int group_count[kLastBins];   // last pass: tokens per digit,
+  unsigned int group_min_id[kLastBins];  //   their lowest id
+  unsigned int group_max_id[kLastBins];  //   and their highest id
+  u64 best;                              // block max of rank keys
+  u64 digit_above;                       // value of the bins above the chosen digit
+  unsigned int digit;                    // the chosen digit
+  unsigned int found_id;                 // NthInGroup's answer
 };
 
 struct RowContext {
@@ -68,9 +66,12 @@ enum class Need { kCount, kTopP, kDraw };
 
 __device__ __forceinline__ u64 NeedFromTotal(Need kind, u64 total, u64 count, float param) {
   switch (kind) {
-    case Need::kCount: return count;
-    case Need::kTopP: return SampleTopPTarget(total, param);
-    default: return SampleDrawTarget(param, total);
+    case Need::kCount:
+      return count;
+    case Need::kTopP:
+      return SampleTopPTarget(total, param);
+    default:
+      return SampleDrawTarget(param, total);
   }
 }
 
@@ -137,8 +138,7 @@ __device__ u64 FindCrossing(SharedState& s, const RowContext& row, u64 cut, Need
         const float logit = row.logits[v];
         const uint32_t key = SampleOrderKey(logit);
         if (SamplePrefixMatches(key, pass, prefix) && SampleRankKey(key, v) >= cut) {
-          value = kMass ? SampleTokenMass(logit, row.max_logit, row.inv_temperature, row.shift)
-                        : 1;
+          value = kMass ? SampleTokenMass(logit, row.max_logit, row.inv_temperature, row.shift) : 1;
           if (value != 0) d = SampleDigit(key, pass);
         }
       }
@@ -269,9 +269,9 @@ cudaError_t LaunchSample(const float* logits, int64_t B, int64_t V, int64_t logi
                          cudaStream_t stream) {
   if (B == 0) return cudaSuccess;
   if (B < 0 || B > 0x7fffffff || V < 1 || V > 0x7fffffff) return cudaErrorInvalidValue;
-  MLAG_LAUNCH(SampleKernel, static_cast<unsigned int>(B), kThreads, 0, stream)(
-      logits, static_cast<int>(V), logits_row_stride, temperature, top_k, top_p, seeds, steps,
-      out_tokens);
+  MLAG_LAUNCH(SampleKernel, static_cast<unsigned int>(B), kThreads, 0, stream)
+  (logits, static_cast<int>(V), logits_row_stride, temperature, top_k, top_p, seeds, steps,
+   out_tokens);
   return cudaGetLastError();
 }
 

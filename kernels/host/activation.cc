@@ -47,8 +47,8 @@ void SiluAndMul(const Tensor& gate_up, const Tensor& out) {
       }
       const float* gate = in;
       const float* up = in + inter;
-      float* dst = out_dtype == DType::kF32 ? static_cast<float*>(out_row)
-                                            : scratch.data() + 2 * inter;
+      float* dst =
+          out_dtype == DType::kF32 ? static_cast<float*>(out_row) : scratch.data() + 2 * inter;
       for (int64_t i = 0; i < inter; ++i) dst[i] = Silu(gate[i]) * up[i];
       if (out_dtype != DType::kF32) {
         ConvertFromF32(dst, out_dtype, out_row, static_cast<size_t>(inter));

@@ -24,7 +24,9 @@ void Fill(const Tensor& t, double value) {
       for (int64_t i = 0; i < n; ++i) p[i] = v;
       return;
     }
-    case DType::kU8: std::memset(t.data(), static_cast<int>(value), n); return;
+    case DType::kU8:
+      std::memset(t.data(), static_cast<int>(value), n);
+      return;
     default: {
       float v = static_cast<float>(value);
       ParallelFor((n + kChunk - 1) / kChunk, [&](int64_t c) {

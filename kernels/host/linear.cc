@@ -65,7 +65,8 @@ void Linear(const Tensor& x, const Tensor& weight, const Tensor& y) {
                 1.0f, x_data, BlasInt(x.stride(0)), w_rows, BlasInt(in), 0.0f, y_data + c0,
                 BlasInt(y.stride(0)));
   };
-  const double work = static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(in);
+  const double work =
+      static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(in);
   const int64_t chunks = (out + kLinearColumnChunk - 1) / kLinearColumnChunk;
   if (work <= kLinearSerialWork || chunks < 2) {
     columns(0, out);
@@ -115,9 +116,9 @@ void HeadMatmul(const Tensor& x, const Tensor& weight, bool transpose_w, const T
       return;
     }
     // W[h] is [K, N] (x @ W) or [N, K] (x @ W^T); both contiguous.
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, transpose_w ? CblasTrans : CblasNoTrans,
-                BlasInt(rows), BlasInt(n), BlasInt(k), 1.0f, a, BlasInt(lda), b,
-                BlasInt(transpose_w ? k : n), 0.0f, c, BlasInt(ldc));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, transpose_w ? CblasTrans : CblasNoTrans, BlasInt(rows),
+                BlasInt(n), BlasInt(k), 1.0f, a, BlasInt(lda), b, BlasInt(transpose_w ? k : n),
+                0.0f, c, BlasInt(ldc));
   };
   UseSerialBlas();
   ParallelFor(heads, one_head);

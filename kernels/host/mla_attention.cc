@@ -145,8 +145,8 @@ absl::Status CheckSequences(const Tensor& cache, const Tensor& block_table,
   for (int64_t b = 0; b < seq_lens.size(0); ++b) {
     const int64_t len = lens[b];
     if (len < 0 || len > capacity) {
-      return absl::InvalidArgumentError(absl::StrCat("seq_lens[", b, "] = ", len,
-                                                     " outside [0, ", capacity,
+      return absl::InvalidArgumentError(absl::StrCat("seq_lens[", b, "] = ", len, " outside [0, ",
+                                                     capacity,
                                                      "] (block_table width * block_size)"));
     }
     const int32_t* row = block_table.data_as<int32_t>() + b * block_table.stride(0);
@@ -285,9 +285,8 @@ absl::Status MlaPrefill(const Tensor& q_latent, const Tensor& q_pe, const Tensor
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t q_len = static_cast<int64_t>(qsl[b + 1]) - qsl[b];
     if (q_len < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("query_start_loc: decreases at ", b + 1, " (", qsl[b], " -> ",
-                       qsl[b + 1], ")"));
+      return absl::InvalidArgumentError(absl::StrCat("query_start_loc: decreases at ", b + 1, " (",
+                                                     qsl[b], " -> ", qsl[b + 1], ")"));
     }
     if (q_len > lens[b]) {
       return absl::InvalidArgumentError(absl::StrCat("query_start_loc: sequence ", b, " has ",
@@ -346,8 +345,8 @@ absl::Status MlaPrefill(const Tensor& q_latent, const Tensor& q_pe, const Tensor
     }
     const Queries qs{nq, sc.latent.data(), sc.pe.data(), sc.limit.data()};
     const int64_t key_end = context + (item.r1 - qsl[item.b]);
-    AttendRange(KeysOf(cache, block_table, item.b), rkv, dr, scale, qs, 0, key_end,
-                sc.state.data(), sc.acc.data(), sc);
+    AttendRange(KeysOf(cache, block_table, item.b), rkv, dr, scale, qs, 0, key_end, sc.state.data(),
+                sc.acc.data(), sc);
     for (int64_t q = 0; q < nq; ++q) {
       const int64_t slot = item.r0 * heads + q;
       Finalize(sc.state[q], sc.acc.data() + q * rkv, rkv, out + slot * rkv, lse_out + slot);

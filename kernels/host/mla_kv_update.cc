@@ -27,19 +27,22 @@ void MlaKvUpdate(const Tensor& kv_c, const Tensor& k_pe, const Tensor& slot_mapp
   const int64_t row = cache.size(2);  // rkv + dr
   const size_t cache_esize = DTypeSize(cache.dtype());
   const int64_t* slots = slot_mapping.data_as<int64_t>();
-  ParallelFor(num_tokens, [&](int64_t t) {
-    const int64_t slot = slots[t * slot_mapping.stride(0)];
-    if (slot < 0 || slot >= num_slots) return;  // dummy/padding row, or out of range
-    // The cache is contiguous, so slot = block * block_size + offset indexes
-    // its rows directly.
-    char* dst = static_cast<char*>(cache.data()) + slot * row * cache_esize;
-    const char* src_c = static_cast<const char*>(kv_c.data()) +
-                        t * kv_c.stride(0) * static_cast<int64_t>(DTypeSize(kv_c.dtype()));
-    const char* src_pe = static_cast<const char*>(k_pe.data()) +
-                         t * k_pe.stride(0) * static_cast<int64_t>(DTypeSize(k_pe.dtype()));
-    CopyCast(kv_c.dtype(), src_c, cache.dtype(), dst, rkv);
-    CopyCast(k_pe.dtype(), src_pe, cache.dtype(), dst + rkv * cache_esize, dr);
-  }, /*min_parallel=*/64);
+  ParallelFor(
+      num_tokens,
+      [&](int64_t t) {
+        const int64_t slot = slots[t * slot_mapping.stride(0)];
+        if (slot < 0 || slot >= num_slots) return;  // dummy/padding row, or out of range
+        // The cache is contiguous, so slot = block * block_size + offset indexes
+        // its rows directly.
+        char* dst = static_cast<char*>(cache.data()) + slot * row * cache_esize;
+        const char* src_c = static_cast<const char*>(kv_c.data()) +
+                            t * kv_c.stride(0) * static_cast<int64_t>(DTypeSize(kv_c.dtype()));
+        const char* src_pe = static_cast<const char*>(k_pe.data()) +
+                             t * k_pe.stride(0) * static_cast<int64_t>(DTypeSize(k_pe.dtype()));
+        CopyCast(kv_c.dtype(), src_c, cache.dtype(), dst, rkv);
+        CopyCast(k_pe.dtype(), src_pe, cache.dtype(), dst + rkv * cache_esize, dr);
+      },
+      /*min_parallel=*/64);
 }
 
 }  // namespace mlag::host

@@ -32,8 +32,8 @@ void SiluMulInPlace(float* row, int64_t I) {
 // `group_score` [G], `group_sel_score` [topk_group], `group_ids`
 // [topk_group] and `top_scores` [K] are scratch.
 void RouteToken(const RoutingParams& p, const float* l, const float* bias, int32_t* ids,
-                float* weights, float* s, float* sel, float* group_score,
-                float* group_sel_score, int* group_ids, float* top_scores) {
+                float* weights, float* s, float* sel, float* group_score, float* group_sel_score,
+                int* group_ids, float* top_scores) {
   const int E = p.num_experts;
   const int K = p.top_k;
   if (p.scoring == ScoringFunc::kSoftmax) {
@@ -108,8 +108,7 @@ void MoeRoute(const RoutingParams& params, const Tensor& logits, const Tensor& c
     const int64_t end = std::min(T, (c + 1) * kRouteChunk);
     for (int64_t t = c * kRouteChunk; t < end; ++t) {
       RouteToken(params, l + t * ld, bias, ids + t * K, w + t * K, s.data(), sel.data(),
-                 group_score.data(), group_sel_score.data(), group_ids.data(),
-                 top_scores.data());
+                 group_score.data(), group_sel_score.data(), group_ids.data(), top_scores.data());
     }
   });
 }
@@ -187,8 +186,8 @@ void MoeExperts(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weig
       cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(2 * I), static_cast<int>(D), 1.0f,
                   w_gu, static_cast<int>(D), xs, 1, 0.0f, hs, 1);
       SiluMulInPlace(hs, I);
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(D), static_cast<int>(I), 1.0f,
-                  w_dn, static_cast<int>(I), hs, 1, 0.0f, ys, 1);
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(D), static_cast<int>(I), 1.0f, w_dn,
+                  static_cast<int>(I), hs, 1, 0.0f, ys, 1);
       return;
     }
     if (n <= kSmallGemmMaxRows) {
@@ -201,13 +200,13 @@ void MoeExperts(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weig
     }
     // [n, 2I] = X_s [n, D] * W_gu[s]^T, W_gu[s] being [2I, D] row-major.
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n),
-                static_cast<int>(2 * I), static_cast<int>(D), 1.0f, xs, static_cast<int>(D),
-                w_gu, static_cast<int>(D), 0.0f, hs, static_cast<int>(2 * I));
+                static_cast<int>(2 * I), static_cast<int>(D), 1.0f, xs, static_cast<int>(D), w_gu,
+                static_cast<int>(D), 0.0f, hs, static_cast<int>(2 * I));
     for (int64_t r = 0; r < n; ++r) SiluMulInPlace(hs + r * 2 * I, I);
     // [n, D] = A [n, I] (lda 2I) * W_down[s]^T, W_down[s] being [D, I].
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n),
-                static_cast<int>(D), static_cast<int>(I), 1.0f, hs, static_cast<int>(2 * I),
-                w_dn, static_cast<int>(I), 0.0f, ys, static_cast<int>(D));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(D),
+                static_cast<int>(I), 1.0f, hs, static_cast<int>(2 * I), w_dn, static_cast<int>(I),
+                0.0f, ys, static_cast<int>(D));
   });
 
   // Each token sums its contributions in k order, so the result does not

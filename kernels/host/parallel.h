@@ -3,9 +3,9 @@
 // its own pool for sgemm.
 #pragma once
 
-#include <cstdint>
-
 #include <omp.h>
+
+#include <cstdint>
 
 namespace mlag::host {
 

@@ -28,9 +28,12 @@ const float* RowAsF32(const Tensor& t, int64_t row, int64_t dim, float* scratch)
 // `v` rounded to the precision of `dtype` (f32 passes through).
 inline float RoundTo(DType dtype, float v) {
   switch (dtype) {
-    case DType::kBF16: return Bf16ToF32(F32ToBf16(v));
-    case DType::kF16: return F16ToF32(F32ToF16(v));
-    default: return v;
+    case DType::kBF16:
+      return Bf16ToF32(F32ToBf16(v));
+    case DType::kF16:
+      return F16ToF32(F32ToF16(v));
+    default:
+      return v;
   }
 }
 

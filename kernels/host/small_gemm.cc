@@ -56,15 +56,15 @@ __attribute__((always_inline)) inline void Gemm(int64_t rows, int64_t n_out, int
       const int64_t mb = std::min<int64_t>(kMB, rows - m0);
       const float* xm = x + m0 * ldx;
       float* ym = y + m0 * ldy + n0;
-#define MLAG_SMALL_GEMM_CASE(MB)                                     \
-  case MB:                                                           \
-    if (full) {                                                      \
-      Block<kLanes, kNB, MB>(xm, ldx, wn, ldw, ym, ldy, k);          \
-    } else {                                                         \
-      for (int64_t j = n0; j < n_out; ++j) {                         \
+#define MLAG_SMALL_GEMM_CASE(MB)                                                \
+  case MB:                                                                      \
+    if (full) {                                                                 \
+      Block<kLanes, kNB, MB>(xm, ldx, wn, ldw, ym, ldy, k);                     \
+    } else {                                                                    \
+      for (int64_t j = n0; j < n_out; ++j) {                                    \
         Block<kLanes, 1, MB>(xm, ldx, w + j * ldw, ldw, ym + (j - n0), ldy, k); \
-      }                                                              \
-    }                                                                \
+      }                                                                         \
+    }                                                                           \
     break;
       switch (mb) {
         MLAG_SMALL_GEMM_CASE(1)
@@ -92,9 +92,8 @@ using GemmFn = void (*)(int64_t, int64_t, int64_t, const float*, int64_t, const 
 #if defined(__x86_64__) || defined(__i386__)
 // 32 zmm registers: 4 x 6 accumulators of 16 lanes, 4 w vectors, 1 x vector.
 __attribute__((target("avx512f,fma"))) void GemmAvx512(int64_t rows, int64_t n_out, int64_t k,
-                                                       const float* x, int64_t ldx,
-                                                       const float* w, int64_t ldw, float* y,
-                                                       int64_t ldy) {
+                                                       const float* x, int64_t ldx, const float* w,
+                                                       int64_t ldw, float* y, int64_t ldy) {
   Gemm<16, 6, 4>(rows, n_out, k, x, ldx, w, ldw, y, ldy);
 }
 
@@ -107,8 +106,8 @@ __attribute__((target("avx2,fma"))) void GemmAvx2(int64_t rows, int64_t n_out, i
 #endif
 
 // Baseline x86-64 (SSE2), or any other architecture's default vector unit.
-void GemmBase(int64_t rows, int64_t n_out, int64_t k, const float* x, int64_t ldx,
-              const float* w, int64_t ldw, float* y, int64_t ldy) {
+void GemmBase(int64_t rows, int64_t n_out, int64_t k, const float* x, int64_t ldx, const float* w,
+              int64_t ldw, float* y, int64_t ldy) {
   Gemm<4, 4, 2>(rows, n_out, k, x, ldx, w, ldw, y, ldy);
 }
 

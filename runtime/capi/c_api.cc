@@ -3,8 +3,6 @@
 // Every entry point runs its body inside Guard(): absl::Status errors become
 // an mlag_status plus a thread-local message, and any exception is caught
 // here, so nothing but a status code crosses the boundary.
-#include "runtime/capi/mlagraph.h"
-
 #include <cstddef>
 #include <cstring>
 #include <exception>
@@ -19,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "mlag_config.h"
+#include "runtime/capi/mlagraph.h"
 #include "runtime/engine/engine.h"
 
 namespace {
@@ -85,14 +84,20 @@ mlag_status Ok() noexcept {
 
 mlag_status CodeOf(absl::StatusCode code) {
   switch (code) {
-    case absl::StatusCode::kOk: return MLAG_OK;
+    case absl::StatusCode::kOk:
+      return MLAG_OK;
     case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kOutOfRange: return MLAG_INVALID_ARGUMENT;
-    case absl::StatusCode::kNotFound: return MLAG_NOT_FOUND;
-    case absl::StatusCode::kResourceExhausted: return MLAG_OUT_OF_MEMORY;
+    case absl::StatusCode::kOutOfRange:
+      return MLAG_INVALID_ARGUMENT;
+    case absl::StatusCode::kNotFound:
+      return MLAG_NOT_FOUND;
+    case absl::StatusCode::kResourceExhausted:
+      return MLAG_OUT_OF_MEMORY;
     case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kUnavailable: return MLAG_UNAVAILABLE;
-    default: return MLAG_INTERNAL;
+    case absl::StatusCode::kUnavailable:
+      return MLAG_UNAVAILABLE;
+    default:
+      return MLAG_INTERNAL;
   }
 }
 
@@ -129,8 +134,8 @@ mlag_status Guard(const char* function, Body&& body) noexcept {
 }
 
 // Shared checks of a pointer argument.
-#define MLAG_CAPI_REQUIRE(ptr, fn)                                                     \
-  do {                                                                                  \
+#define MLAG_CAPI_REQUIRE(ptr, fn)                                                   \
+  do {                                                                               \
     if ((ptr) == nullptr) return Fail((fn), MLAG_INVALID_ARGUMENT, #ptr " is NULL"); \
   } while (0)
 
@@ -168,13 +173,20 @@ int mlag_version(void) { return MLAG_VERSION_CODE; }
 
 const char* mlag_status_string(mlag_status status) {
   switch (RawValue(status)) {
-    case MLAG_OK: return "MLAG_OK";
-    case MLAG_INVALID_ARGUMENT: return "MLAG_INVALID_ARGUMENT";
-    case MLAG_NOT_FOUND: return "MLAG_NOT_FOUND";
-    case MLAG_OUT_OF_MEMORY: return "MLAG_OUT_OF_MEMORY";
-    case MLAG_UNAVAILABLE: return "MLAG_UNAVAILABLE";
-    case MLAG_INTERNAL: return "MLAG_INTERNAL";
-    default: break;
+    case MLAG_OK:
+      return "MLAG_OK";
+    case MLAG_INVALID_ARGUMENT:
+      return "MLAG_INVALID_ARGUMENT";
+    case MLAG_NOT_FOUND:
+      return "MLAG_NOT_FOUND";
+    case MLAG_OUT_OF_MEMORY:
+      return "MLAG_OUT_OF_MEMORY";
+    case MLAG_UNAVAILABLE:
+      return "MLAG_UNAVAILABLE";
+    case MLAG_INTERNAL:
+      return "MLAG_INTERNAL";
+    default:
+      break;
   }
   return "MLAG_UNKNOWN_STATUS";
 }
@@ -227,10 +239,10 @@ mlag_status mlag_engine_create(const mlag_engine_options* options, mlag_engine**
     *out = nullptr;
     MLAG_CAPI_REQUIRE(options, fn);
     if (options->struct_size < kEngineOptionsV1Size) {
-      return Fail(fn, MLAG_INVALID_ARGUMENT,
-                  absl::StrCat("options->struct_size is ", options->struct_size,
-                               "; it must be at least ", kEngineOptionsV1Size,
-                               " (call mlag_engine_options_default first)"));
+      return Fail(
+          fn, MLAG_INVALID_ARGUMENT,
+          absl::StrCat("options->struct_size is ", options->struct_size, "; it must be at least ",
+                       kEngineOptionsV1Size, " (call mlag_engine_options_default first)"));
     }
     if (options->model == nullptr) return Fail(fn, MLAG_INVALID_ARGUMENT, "options->model is NULL");
     if (options->device == nullptr) {
@@ -256,8 +268,12 @@ mlag_status mlag_engine_create(const mlag_engine_options* options, mlag_engine**
     }
     const auto graph_mode = RawValue(options->graph_mode);
     switch (graph_mode) {
-      case MLAG_GRAPH_FULL_DECODE: o.graph_mode = mlag::GraphMode::kFullDecode; break;
-      case MLAG_GRAPH_NONE: o.graph_mode = mlag::GraphMode::kNone; break;
+      case MLAG_GRAPH_FULL_DECODE:
+        o.graph_mode = mlag::GraphMode::kFullDecode;
+        break;
+      case MLAG_GRAPH_NONE:
+        o.graph_mode = mlag::GraphMode::kNone;
+        break;
       default:
         return Fail(fn, MLAG_INVALID_ARGUMENT,
                     absl::StrCat("unknown graph mode ", static_cast<int64_t>(graph_mode),
@@ -319,10 +335,10 @@ mlag_status mlag_add_request(mlag_engine* engine, const int32_t* prompt, size_t 
     if (num_stop_ids > 0) spec.stop_token_ids.assign(stop_ids, stop_ids + num_stop_ids);
     if (params != nullptr) {
       if (params->struct_size < kSamplingParamsV1Size) {
-        return Fail(fn, MLAG_INVALID_ARGUMENT,
-                    absl::StrCat("params->struct_size is ", params->struct_size,
-                                 "; it must be at least ", kSamplingParamsV1Size,
-                                 " (call mlag_sampling_params_default first)"));
+        return Fail(
+            fn, MLAG_INVALID_ARGUMENT,
+            absl::StrCat("params->struct_size is ", params->struct_size, "; it must be at least ",
+                         kSamplingParamsV1Size, " (call mlag_sampling_params_default first)"));
       }
       spec.sampling.temperature = params->temperature;
       spec.sampling.top_k = params->top_k;
@@ -384,10 +400,18 @@ mlag_status mlag_get_output(mlag_engine* engine, int64_t request_id, int32_t* to
     if (out_finished != nullptr) *out_finished = r->finished() ? 1 : 0;
     if (out_reason != nullptr) {
       switch (r->finish_reason) {
-        case mlag::FinishReason::kNone: *out_reason = MLAG_FINISH_NONE; break;
-        case mlag::FinishReason::kLength: *out_reason = MLAG_FINISH_LENGTH; break;
-        case mlag::FinishReason::kStop: *out_reason = MLAG_FINISH_STOP; break;
-        case mlag::FinishReason::kAbort: *out_reason = MLAG_FINISH_ABORT; break;
+        case mlag::FinishReason::kNone:
+          *out_reason = MLAG_FINISH_NONE;
+          break;
+        case mlag::FinishReason::kLength:
+          *out_reason = MLAG_FINISH_LENGTH;
+          break;
+        case mlag::FinishReason::kStop:
+          *out_reason = MLAG_FINISH_STOP;
+          break;
+        case mlag::FinishReason::kAbort:
+          *out_reason = MLAG_FINISH_ABORT;
+          break;
       }
     }
     return Ok();
@@ -413,8 +437,8 @@ mlag_status mlag_get_logprobs(mlag_engine* engine, int64_t request_id, size_t to
     }
     if (token_index >= r->logprobs.size()) {
       return Fail(fn, MLAG_INVALID_ARGUMENT,
-                  absl::StrCat("token_index is ", token_index, " but request ", request_id,
-                               " has ", r->logprobs.size(), " generated tokens"));
+                  absl::StrCat("token_index is ", token_index, " but request ", request_id, " has ",
+                               r->logprobs.size(), " generated tokens"));
     }
     const std::vector<mlag::TokenLogprob>& entries = r->logprobs[token_index];
     const size_t copied = entries.size() < capacity ? entries.size() : capacity;
@@ -441,10 +465,10 @@ mlag_status mlag_get_stats(const mlag_engine* engine, mlag_engine_stats* stats) 
     if (mlag_status s = CheckEngine(fn, engine); s != MLAG_OK) return s;
     MLAG_CAPI_REQUIRE(stats, fn);
     if (stats->struct_size < kEngineStatsV1Size) {
-      return Fail(fn, MLAG_INVALID_ARGUMENT,
-                  absl::StrCat("stats->struct_size is ", stats->struct_size,
-                               "; it must be at least ", kEngineStatsV1Size,
-                               " (set it to sizeof(mlag_engine_stats))"));
+      return Fail(
+          fn, MLAG_INVALID_ARGUMENT,
+          absl::StrCat("stats->struct_size is ", stats->struct_size, "; it must be at least ",
+                       kEngineStatsV1Size, " (set it to sizeof(mlag_engine_stats))"));
     }
     const mlag::EngineStats s = engine->engine->Stats();
     mlag_engine_stats full;

@@ -82,19 +82,19 @@ typedef enum mlag_finish_reason {
 typedef struct mlag_engine mlag_engine;
 
 typedef struct mlag_engine_options {
-  size_t struct_size;          /* sizeof(mlag_engine_options) */
-  const char* model;           /* built-in name ("tiny-v3", "tiny-v2", "small") or checkpoint directory */
-  const char* device;          /* "auto", "host", "cuda" or "cuda:N" */
-  size_t kv_cache_bytes;       /* KV pool size; bounds how many tokens can be in flight */
-  int max_num_seqs;            /* most sequences in one step */
-  int max_num_batched_tokens;  /* most tokens in one step */
-  int block_size;              /* tokens per KV block */
-  int max_model_len;           /* prompt + output limit; 0: min(model's maximum, 4096) */
-  const int* capture_sizes;    /* batch sizes to capture graphs for; NULL: the default list */
-  size_t num_capture_sizes;    /* entries of capture_sizes */
-  mlag_graph_mode graph_mode;  /* MLAG_GRAPH_FULL_DECODE by default */
-  int enable_prefix_caching;   /* non-zero: reuse KV blocks of shared prompt prefixes */
-  uint64_t seed;               /* sampling seed of requests whose own seed is 0 */
+  size_t struct_size;    /* sizeof(mlag_engine_options) */
+  const char* model;     /* built-in name ("tiny-v3", "tiny-v2", "small") or checkpoint directory */
+  const char* device;    /* "auto", "host", "cuda" or "cuda:N" */
+  size_t kv_cache_bytes; /* KV pool size; bounds how many tokens can be in flight */
+  int max_num_seqs;      /* most sequences in one step */
+  int max_num_batched_tokens; /* most tokens in one step */
+  int block_size;             /* tokens per KV block */
+  int max_model_len;          /* prompt + output limit; 0: min(model's maximum, 4096) */
+  const int* capture_sizes;   /* batch sizes to capture graphs for; NULL: the default list */
+  size_t num_capture_sizes;   /* entries of capture_sizes */
+  mlag_graph_mode graph_mode; /* MLAG_GRAPH_FULL_DECODE by default */
+  int enable_prefix_caching;  /* non-zero: reuse KV blocks of shared prompt prefixes */
+  uint64_t seed;              /* sampling seed of requests whose own seed is 0 */
 } mlag_engine_options;
 
 /* Sampling of one request. Greedy when temperature <= 0. */
@@ -119,10 +119,10 @@ typedef struct mlag_engine_stats {
   int kv_blocks_total;             /* usable KV blocks */
   int kv_blocks_used;
   int kv_blocks_free;
-  int kv_block_size;               /* tokens per KV block */
+  int kv_block_size; /* tokens per KV block */
   size_t kv_bytes_per_token;
-  double capture_seconds;          /* time of the last graph capture */
-  int64_t preemptions;             /* requests evicted to free KV blocks (recomputed later) */
+  double capture_seconds; /* time of the last graph capture */
+  int64_t preemptions;    /* requests evicted to free KV blocks (recomputed later) */
 } mlag_engine_stats;
 
 /* MLAG_VERSION_CODE of the library linked at run time. */
@@ -185,8 +185,7 @@ mlag_status mlag_get_output(mlag_engine* engine, int64_t request_id, int32_t* to
  * and sets *out_count = K. INVALID_ARGUMENT when the request asked for none or
  * token_index is not yet generated; NOT_FOUND for an unknown id. */
 mlag_status mlag_get_logprobs(mlag_engine* engine, int64_t request_id, size_t token_index,
-                              int32_t* tokens, float* logprobs, size_t capacity,
-                              size_t* out_count);
+                              int32_t* tokens, float* logprobs, size_t capacity, size_t* out_count);
 
 /* Finishes a request with MLAG_FINISH_ABORT and frees its KV blocks; a no-op
  * for a finished request. NOT_FOUND for an unknown id. */

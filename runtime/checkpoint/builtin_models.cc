@@ -5,9 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "runtime/core/scalar_types.h"
 #include "kernels/common/random.h"
 #include "kernels/host/parallel.h"
+#include "runtime/core/scalar_types.h"
 
 namespace mlag {
 namespace {
@@ -157,8 +157,8 @@ absl::StatusOr<ModelConfig> BuiltinModelConfig(absl::string_view name) {
   if (name == "tiny-v2") return TinyV2();
   if (name == "small") return Small();
   if (name == "v2-lite-8l") return V2Lite8Layers();
-  return absl::NotFoundError(absl::StrCat("no built-in model '", name, "' (built-in: ",
-                                          absl::StrJoin(BuiltinModelNames(), ", "), ")"));
+  return absl::NotFoundError(absl::StrCat(
+      "no built-in model '", name, "' (built-in: ", absl::StrJoin(BuiltinModelNames(), ", "), ")"));
 }
 
 GeneratedWeights::GeneratedWeights(const ModelConfig& config, uint64_t seed)
@@ -187,9 +187,9 @@ absl::Status GeneratedWeights::ReadF32(absl::string_view name, absl::Span<const 
   }
   const TensorSpec& spec = specs_[it->second];
   if (!std::equal(spec.shape.begin(), spec.shape.end(), shape.begin(), shape.end())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor '", name, "' has shape [", absl::StrJoin(spec.shape, ", "),
-                     "], expected [", absl::StrJoin(shape, ", "), "]"));
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has shape [",
+                                                   absl::StrJoin(spec.shape, ", "), "], expected [",
+                                                   absl::StrJoin(shape, ", "), "]"));
   }
   read_.insert(spec.name);
   int64_t n = 1;
@@ -198,11 +198,20 @@ absl::Status GeneratedWeights::ReadF32(absl::string_view name, absl::Span<const 
   const int64_t in = spec.shape.size() == 2 ? spec.shape[1] : 1;
   float scale = 1.0f, offset = 0.0f;
   switch (spec.role) {
-    case TensorRole::kLinear: scale = 1.0f / std::sqrt(static_cast<float>(in)); break;
-    case TensorRole::kRouterGate: scale = 4.0f / std::sqrt(static_cast<float>(in)); break;
-    case TensorRole::kNorm: scale = 0.2f, offset = 1.0f; break;
-    case TensorRole::kEmbedding: scale = 1.0f; break;
-    case TensorRole::kCorrectionBias: break;
+    case TensorRole::kLinear:
+      scale = 1.0f / std::sqrt(static_cast<float>(in));
+      break;
+    case TensorRole::kRouterGate:
+      scale = 4.0f / std::sqrt(static_cast<float>(in));
+      break;
+    case TensorRole::kNorm:
+      scale = 0.2f, offset = 1.0f;
+      break;
+    case TensorRole::kEmbedding:
+      scale = 1.0f;
+      break;
+    case TensorRole::kCorrectionBias:
+      break;
   }
   constexpr int64_t kChunk = 1 << 16;  // elements per work item (even)
   const bool uniform = spec.role == TensorRole::kCorrectionBias;

@@ -13,9 +13,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "runtime/checkpoint/builtin_models.h"
-#include "runtime/core/status.h"
 #include "runtime/checkpoint/hf_layout.h"
 #include "runtime/checkpoint/model_config_json.h"
+#include "runtime/core/status.h"
 
 namespace mlag {
 namespace {
@@ -97,9 +97,9 @@ absl::StatusOr<ModelSource> OpenModel(const std::string& name_or_dir) {
     return source;
   }
   if (!IsDirectory(name_or_dir)) {
-    return absl::NotFoundError(absl::StrCat(
-        "model '", name_or_dir, "' is neither a built-in model (",
-        absl::StrJoin(BuiltinModelNames(), ", "), ") nor a directory"));
+    return absl::NotFoundError(
+        absl::StrCat("model '", name_or_dir, "' is neither a built-in model (",
+                     absl::StrJoin(BuiltinModelNames(), ", "), ") nor a directory"));
   }
   MLAG_ASSIGN_OR_RETURN(source.config, LoadModelConfig(name_or_dir + "/config.json"));
   MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(name_or_dir));
@@ -130,9 +130,9 @@ absl::StatusOr<std::unique_ptr<DeepseekModel>> BuildModel(ModelSource& source, D
       unexpected.resize(5);
       unexpected.push_back(absl::StrCat("and ", more, " more"));
     }
-    return absl::InvalidArgumentError(absl::StrCat(source.description,
-                                                   ": unexpected tensor(s) for this config: ",
-                                                   absl::StrJoin(unexpected, ", ")));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source.description,
+                     ": unexpected tensor(s) for this config: ", absl::StrJoin(unexpected, ", ")));
   }
   return model;
 }
@@ -147,7 +147,8 @@ absl::Status ExportModel(const ModelConfig& config, WeightSource& weights, const
   {
     std::ofstream out(dir + "/config.json");
     out << ModelConfigToJson(config).dump(2) << "\n";
-    if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write ", dir, "/config.json"));
+    if (!out)
+      return absl::PermissionDeniedError(absl::StrCat("cannot write ", dir, "/config.json"));
   }
   SafetensorsWriter writer;
   std::vector<float> f32;

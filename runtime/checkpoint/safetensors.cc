@@ -14,9 +14,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/checkpoint/model_config_json.h"
 #include "runtime/core/file.h"
 #include "runtime/core/status.h"
-#include "runtime/checkpoint/model_config_json.h"
 
 namespace mlag {
 namespace {

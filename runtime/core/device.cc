@@ -112,7 +112,8 @@ absl::StatusOr<std::unique_ptr<Device>> Device::Create(absl::string_view spec) {
         device->selection_reason_ = absl::StrCat("auto: ", count, " CUDA device(s), using cuda:0");
       } else {
         device.reset(new Device(DeviceKind::kHost, 0));
-        device->selection_reason_ = absl::StrCat("auto: no CUDA device (", why_none, "), using host");
+        device->selection_reason_ =
+            absl::StrCat("auto: no CUDA device (", why_none, "), using host");
       }
     } else {
       int index = 0;
@@ -166,7 +167,8 @@ absl::StatusOr<Buffer> Device::Allocate(size_t bytes) {
   if (kind_ == DeviceKind::kHost) {
     void* p = std::aligned_alloc(kHostAlignment, AlignUp(bytes, kHostAlignment));
     if (p == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrCat("host allocation of ", bytes, " bytes failed"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("host allocation of ", bytes, " bytes failed"));
     }
     buf.data_ = p;
   } else {
@@ -190,7 +192,8 @@ absl::StatusOr<Buffer> Device::AllocatePinned(size_t bytes) {
     if (bytes == 0) return buf;
     void* p = std::aligned_alloc(kHostAlignment, AlignUp(bytes, kHostAlignment));
     if (p == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrCat("host allocation of ", bytes, " bytes failed"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("host allocation of ", bytes, " bytes failed"));
     }
     buf.data_ = p;
     buf.bytes_ = bytes;
@@ -257,9 +260,9 @@ absl::StatusOr<Tensor> Workspace::Allocate(DType dtype, absl::Span<const int64_t
   Tensor probe(nullptr, dtype, shape, buffer_.device());
   size_t bytes = AlignUp(probe.nbytes(), kHostAlignment);
   if (used_ + bytes > buffer_.bytes()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "workspace full: need ", bytes, " more bytes for ", probe.ShapeString(), ", ", used_,
-        " of ", buffer_.bytes(), " in use"));
+    return absl::ResourceExhaustedError(absl::StrCat("workspace full: need ", bytes,
+                                                     " more bytes for ", probe.ShapeString(), ", ",
+                                                     used_, " of ", buffer_.bytes(), " in use"));
   }
   Tensor t(static_cast<char*>(buffer_.data()) + used_, dtype, shape, buffer_.device());
   used_ += bytes;

@@ -15,8 +15,8 @@
 #include <memory>
 #include <string>
 
-#include "absl/strings/string_view.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "runtime/core/tensor.h"
 
 namespace mlag {

@@ -6,12 +6,18 @@ namespace mlag {
 
 absl::string_view DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "f32";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "f16";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
-    case DType::kU8: return "u8";
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
+    case DType::kU8:
+      return "u8";
   }
   return "?";
 }
@@ -44,7 +50,8 @@ void ConvertToF32(DType src_dtype, const void* src, float* dst, size_t n) {
       for (size_t i = 0; i < n; ++i) dst[i] = F16ToF32(s[i]);
       break;
     }
-    default: break;
+    default:
+      break;
   }
 }
 
@@ -65,7 +72,8 @@ void ConvertFromF32(const float* src, DType dst_dtype, void* dst, size_t n) {
       for (size_t i = 0; i < n; ++i) d[i] = F32ToF16(src[i]);
       break;
     }
-    default: break;
+    default:
+      break;
   }
 }
 

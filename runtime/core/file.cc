@@ -28,19 +28,19 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, size_t max_bytes) 
   const fs::file_status st = fs::status(path, ec);
   if (ec) return ErrnoStatus(ec.value(), "cannot open", path);
   if (!fs::is_regular_file(st)) {
-    const char* kind = fs::is_directory(st)   ? "a directory"
-                       : fs::is_fifo(st)      ? "a FIFO"
-                       : fs::is_socket(st)    ? "a socket"
+    const char* kind = fs::is_directory(st)                                 ? "a directory"
+                       : fs::is_fifo(st)                                    ? "a FIFO"
+                       : fs::is_socket(st)                                  ? "a socket"
                        : fs::is_block_file(st) || fs::is_character_file(st) ? "a device"
-                                                                           : "not a regular file";
+                                                                            : "not a regular file";
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": is ", kind, "; expected a regular file"));
   }
   const uintmax_t size = fs::file_size(path, ec);
   if (ec) return ErrnoStatus(ec.value(), "cannot stat", path);
   if (size > max_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", size, " bytes, more than the ",
-                                                   max_bytes, " this file may have"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", size, " bytes, more than the ", max_bytes, " this file may have"));
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) return ErrnoStatus(errno, "cannot open", path);

@@ -24,8 +24,8 @@ enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2, kI32 = 3, kI64 = 4, 
 
 // Bytes per element.
 MLAG_HD constexpr size_t DTypeSize(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kI32   ? 4
-         : dtype == DType::kI64                         ? 8
+  return dtype == DType::kF32 || dtype == DType::kI32    ? 4
+         : dtype == DType::kI64                          ? 8
          : dtype == DType::kBF16 || dtype == DType::kF16 ? 2
                                                          : 1;
 }
@@ -108,20 +108,31 @@ MLAG_HD uint16_t F32ToF16(float f) {
 // Reads element `i` of a floating array as f32.
 MLAG_HD float LoadAsF32(DType dtype, const void* base, size_t i) {
   switch (dtype) {
-    case DType::kF32: return static_cast<const float*>(base)[i];
-    case DType::kBF16: return Bf16ToF32(static_cast<const uint16_t*>(base)[i]);
-    case DType::kF16: return F16ToF32(static_cast<const uint16_t*>(base)[i]);
-    default: return 0.0f;
+    case DType::kF32:
+      return static_cast<const float*>(base)[i];
+    case DType::kBF16:
+      return Bf16ToF32(static_cast<const uint16_t*>(base)[i]);
+    case DType::kF16:
+      return F16ToF32(static_cast<const uint16_t*>(base)[i]);
+    default:
+      return 0.0f;
   }
 }
 
 // Writes `v` as element `i` of a floating array.
 MLAG_HD void StoreFromF32(DType dtype, void* base, size_t i, float v) {
   switch (dtype) {
-    case DType::kF32: static_cast<float*>(base)[i] = v; break;
-    case DType::kBF16: static_cast<uint16_t*>(base)[i] = F32ToBf16(v); break;
-    case DType::kF16: static_cast<uint16_t*>(base)[i] = F32ToF16(v); break;
-    default: break;
+    case DType::kF32:
+      static_cast<float*>(base)[i] = v;
+      break;
+    case DType::kBF16:
+      static_cast<uint16_t*>(base)[i] = F32ToBf16(v);
+      break;
+    case DType::kF16:
+      static_cast<uint16_t*>(base)[i] = F32ToF16(v);
+      break;
+    default:
+      break;
   }
 }
 

@@ -8,10 +8,10 @@
 #include "absl/status/statusor.h"
 
 // Returns from the enclosing function if `expr` (an absl::Status) is not OK.
-#define MLAG_RETURN_IF_ERROR(expr)                   \
-  do {                                               \
-    ::absl::Status mlag_status_ = (expr);            \
-    if (!mlag_status_.ok()) return mlag_status_;     \
+#define MLAG_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::absl::Status mlag_status_ = (expr);        \
+    if (!mlag_status_.ok()) return mlag_status_; \
   } while (0)
 
 #define MLAG_CONCAT_INNER_(a, b) a##b

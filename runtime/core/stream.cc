@@ -1,10 +1,9 @@
 #include "runtime/core/stream.h"
 
-#include <utility>
-
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -21,10 +20,14 @@ namespace mlag {
 
 absl::string_view OpKindName(OpKind kind) {
   switch (kind) {
-    case OpKind::kKernel: return "kernel";
-    case OpKind::kGemm: return "gemm";
-    case OpKind::kComm: return "comm";
-    case OpKind::kCopy: return "copy";
+    case OpKind::kKernel:
+      return "kernel";
+    case OpKind::kGemm:
+      return "gemm";
+    case OpKind::kComm:
+      return "comm";
+    case OpKind::kCopy:
+      return "copy";
   }
   return "?";
 }
@@ -37,7 +40,8 @@ class HostGraph final : public Graph {
  public:
   HostGraph(std::vector<GraphNode> nodes, std::vector<std::vector<HostOp>> ops)
       : nodes_(std::move(nodes)), ops_(std::move(ops)) {
-    for (size_t i = 0; i < nodes_.size(); ++i) nodes_[i].device_nodes = static_cast<int>(ops_[i].size());
+    for (size_t i = 0; i < nodes_.size(); ++i)
+      nodes_[i].device_nodes = static_cast<int>(ops_[i].size());
   }
 
   const std::vector<GraphNode>& nodes() const override { return nodes_; }
@@ -53,8 +57,8 @@ class HostGraph final : public Graph {
       for (HostOp& op : ops_[i]) {
         absl::Status s = op();
         if (!s.ok()) {
-          return absl::Status(s.code(), absl::StrCat("replay of node '", nodes_[i].name,
-                                                     "': ", s.message()));
+          return absl::Status(s.code(),
+                              absl::StrCat("replay of node '", nodes_[i].name, "': ", s.message()));
         }
       }
     }
@@ -79,9 +83,9 @@ class CudaGraph final : public Graph {
   }
   const std::vector<GraphNode>& nodes() const override { return nodes_; }
   absl::Status Replay(Stream& stream) override {
-    if (!stream.is_cuda()) return absl::InvalidArgumentError("CUDA graph replayed on a host stream");
-    MLAG_CUDA_RETURN_IF_ERROR(
-        cudaGraphLaunch(exec_, static_cast<cudaStream_t>(stream.native())));
+    if (!stream.is_cuda())
+      return absl::InvalidArgumentError("CUDA graph replayed on a host stream");
+    MLAG_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec_, static_cast<cudaStream_t>(stream.native())));
     return absl::OkStatus();
   }
 
@@ -103,8 +107,8 @@ struct CudaNodeTag {
 };
 
 struct Stream::CaptureState {
-  std::vector<GraphNode> nodes;              // host only
-  std::vector<uint64_t> node_scope;          // host only: scope id per node (0 = unscoped)
+  std::vector<GraphNode> nodes;               // host only
+  std::vector<uint64_t> node_scope;           // host only: scope id per node (0 = unscoped)
   std::vector<std::vector<HostOp>> host_ops;  // host only
   // CUDA only: every node of the capture's graph, tagged with its op.
   absl::flat_hash_map<void*, CudaNodeTag> cuda_tags;
@@ -154,8 +158,7 @@ absl::StatusOr<std::vector<GraphNode>> ReadGraphOps(
 #endif
   std::vector<cudaGraphNode_t> from(edge_count), to(edge_count);
 #if CUDART_VERSION >= 13000
-  MLAG_CUDA_RETURN_IF_ERROR(
-      cudaGraphGetEdges(graph, from.data(), to.data(), nullptr, &edge_count));
+  MLAG_CUDA_RETURN_IF_ERROR(cudaGraphGetEdges(graph, from.data(), to.data(), nullptr, &edge_count));
 #else
   MLAG_CUDA_RETURN_IF_ERROR(cudaGraphGetEdges(graph, from.data(), to.data(), &edge_count));
 #endif
@@ -179,9 +182,9 @@ absl::StatusOr<std::vector<GraphNode>> ReadGraphOps(
   std::string last_name;
   while (!ready.empty()) {
     // The earliest-launched ready node next.
-    auto pick = std::min_element(ready.begin(), ready.end(), [&](cudaGraphNode_t a, cudaGraphNode_t b) {
-      return launch_of(a) < launch_of(b);
-    });
+    auto pick = std::min_element(
+        ready.begin(), ready.end(),
+        [&](cudaGraphNode_t a, cudaGraphNode_t b) { return launch_of(a) < launch_of(b); });
     cudaGraphNode_t n = *pick;
     ready.erase(pick);
     for (cudaGraphNode_t m : next[n]) {
@@ -192,7 +195,8 @@ absl::StatusOr<std::vector<GraphNode>> ReadGraphOps(
       // Added by a call outside LaunchCuda: shown for what it is.
       cudaGraphNodeType type;
       MLAG_CUDA_RETURN_IF_ERROR(cudaGraphNodeGetType(n, &type));
-      ops.push_back({"(untagged)", type == cudaGraphNodeTypeKernel ? OpKind::kKernel : OpKind::kCopy, 1});
+      ops.push_back(
+          {"(untagged)", type == cudaGraphNodeTypeKernel ? OpKind::kKernel : OpKind::kCopy, 1});
       last_scope = 0;
       last_name.clear();
       continue;
@@ -305,7 +309,8 @@ absl::Status Stream::LaunchCuda(absl::string_view default_name, OpKind kind,
   // before); an op with nothing to do at this size adds none.
   absl::StatusOr<cudaGraph_t> graph = CapturingGraph(static_cast<cudaStream_t>(native_));
   absl::StatusOr<std::vector<cudaGraphNode_t>> all =
-      graph.ok() ? GraphNodes(*graph) : absl::StatusOr<std::vector<cudaGraphNode_t>>(graph.status());
+      graph.ok() ? GraphNodes(*graph)
+                 : absl::StatusOr<std::vector<cudaGraphNode_t>>(graph.status());
   if (!all.ok()) {
     if (c.first_error.ok()) c.first_error = all.status();
     return all.status();

@@ -49,7 +49,8 @@ Tensor Tensor::Slice(int dim, int64_t begin, int64_t end) const {
   dim = Wrap(dim);
   assert(0 <= begin && begin <= end && end <= shape_[dim]);
   Tensor t = *this;
-  t.data_ = static_cast<char*>(data_) + begin * strides_[dim] * static_cast<int64_t>(DTypeSize(dtype_));
+  t.data_ =
+      static_cast<char*>(data_) + begin * strides_[dim] * static_cast<int64_t>(DTypeSize(dtype_));
   t.shape_[dim] = end - begin;
   return t;
 }
@@ -58,7 +59,8 @@ Tensor Tensor::Select(int dim, int64_t index) const {
   dim = Wrap(dim);
   assert(0 <= index && index < shape_[dim]);
   Tensor t = *this;
-  t.data_ = static_cast<char*>(data_) + index * strides_[dim] * static_cast<int64_t>(DTypeSize(dtype_));
+  t.data_ =
+      static_cast<char*>(data_) + index * strides_[dim] * static_cast<int64_t>(DTypeSize(dtype_));
   for (int d = dim; d + 1 < ndim_; ++d) {
     t.shape_[d] = shape_[d + 1];
     t.strides_[d] = strides_[d + 1];
@@ -80,8 +82,8 @@ absl::StatusOr<Tensor> Tensor::Reshape(absl::Span<const int64_t> shape) const {
   int64_t n = 1;
   for (int64_t s : shape) n *= s;
   if (n != numel()) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot reshape ", ShapeString(), " to [",
-                                                   absl::StrJoin(shape, ", "), "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot reshape ", ShapeString(), " to [", absl::StrJoin(shape, ", "), "]"));
   }
   return Tensor(data_, dtype_, shape, device_);
 }

@@ -17,8 +17,8 @@
 #include <initializer_list>
 #include <string>
 
-#include "absl/strings/string_view.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "runtime/core/dtype.h"
 
@@ -48,7 +48,9 @@ class Tensor {
   bool defined() const { return data_ != nullptr || numel() == 0; }
   void* data() const { return data_; }
   template <typename T>
-  T* data_as() const { return static_cast<T*>(data_); }
+  T* data_as() const {
+    return static_cast<T*>(data_);
+  }
   DType dtype() const { return dtype_; }
   DeviceKind device() const { return device_; }
   int ndim() const { return ndim_; }

@@ -151,9 +151,7 @@ absl::Status BlockPool::Free(absl::Span<const int> blocks) {
 
 int BlockPool::ref_count(int block) const { return IsUsable(block) ? ref_count_[block] : 0; }
 
-bool BlockPool::is_cached(int block) const {
-  return IsUsable(block) && keys_[block].has_value();
-}
+bool BlockPool::is_cached(int block) const { return IsUsable(block) && keys_[block].has_value(); }
 
 std::vector<int> BlockPool::FreeQueueOrder() const {
   std::vector<int> order;

@@ -29,9 +29,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   MLAG_ASSIGN_OR_RETURN(ModelSource source, OpenModel(options.model));
   e->description_ = source.description;
   const ModelConfig& mc = source.config;
-  e->max_model_len_ = options.max_model_len > 0
-                          ? options.max_model_len
-                          : std::min(mc.max_position_embeddings, 4096);
+  e->max_model_len_ = options.max_model_len > 0 ? options.max_model_len
+                                                : std::min(mc.max_position_embeddings, 4096);
   if (e->max_model_len_ > mc.max_position_embeddings) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_model_len ", e->max_model_len_, " exceeds the model's ",
@@ -45,8 +44,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   if (options.kv_cache_dtype != "auto") {
     MLAG_ASSIGN_OR_RETURN(kv_dtype, ParseDType(options.kv_cache_dtype));
     if (kv_dtype != DType::kF32 && kv_dtype != DType::kBF16) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "KV cache dtype '", options.kv_cache_dtype, "': expected auto, f32 or bf16"));
+      return absl::InvalidArgumentError(absl::StrCat("KV cache dtype '", options.kv_cache_dtype,
+                                                     "': expected auto, f32 or bf16"));
     }
   }
   const size_t bytes_per_block = static_cast<size_t>(options.block_size) * mc.num_hidden_layers *
@@ -67,13 +66,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   rc.kv_dtype = kv_dtype;
   rc.capture_sizes = options.capture_sizes;
   rc.local_experts = options.local_experts;
-  rc.max_ep_ranks = std::max(options.max_ep_ranks,
-                             options.ep_group != nullptr ? options.ep_group->size() : 1);
+  rc.max_ep_ranks =
+      std::max(options.max_ep_ranks, options.ep_group != nullptr ? options.ep_group->size() : 1);
   MLAG_ASSIGN_OR_RETURN(e->runner_, ModelRunner::Create(source, e->device_.get(), rc));
   MLAG_RETURN_IF_ERROR(e->runner_->SetExpertGroup(options.ep_group));
   MLAG_RETURN_IF_ERROR(e->runner_->CaptureGraphs());
-  e->kv_ = std::make_unique<KvCacheManager>(rc.num_blocks, rc.block_size,
-                                            options.enable_prefix_caching);
+  e->kv_ =
+      std::make_unique<KvCacheManager>(rc.num_blocks, rc.block_size, options.enable_prefix_caching);
   SchedulerConfig sc;
   sc.max_num_seqs = options.max_num_seqs;
   sc.max_num_batched_tokens = options.max_num_batched_tokens;
@@ -107,14 +106,13 @@ absl::Status Engine::ValidateRequest(const RequestSpec& spec) const {
   if (spec.prompt.empty()) return absl::InvalidArgumentError("request has an empty prompt");
   for (size_t i = 0; i < spec.prompt.size(); ++i) {
     if (spec.prompt[i] < 0 || spec.prompt[i] >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt token ", i, " has id ",
-                                                     spec.prompt[i], ", outside the vocabulary [0, ",
-                                                     vocab, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("prompt token ", i, " has id ", spec.prompt[i],
+                                                     ", outside the vocabulary [0, ", vocab, ")"));
     }
   }
   if (spec.max_tokens < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("max_tokens is ", spec.max_tokens,
-                                                   "; it must be at least 1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_tokens is ", spec.max_tokens, "; it must be at least 1"));
   }
   const int64_t total = static_cast<int64_t>(spec.prompt.size()) + spec.max_tokens;
   if (total > max_model_len_) {
@@ -124,9 +122,9 @@ absl::Status Engine::ValidateRequest(const RequestSpec& spec) const {
   }
   const int64_t blocks_needed = (total + kv_->block_size() - 1) / kv_->block_size();
   if (blocks_needed > kv_->num_blocks() - 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "request needs ", blocks_needed, " KV blocks but the pool holds ", kv_->num_blocks() - 1,
-        "; raise --kv-cache-bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("request needs ", blocks_needed, " KV blocks but the pool holds ",
+                     kv_->num_blocks() - 1, "; raise --kv-cache-bytes"));
   }
   for (int32_t stop : spec.stop_token_ids) {
     if (stop < 0 || stop >= vocab) {
@@ -135,10 +133,11 @@ absl::Status Engine::ValidateRequest(const RequestSpec& spec) const {
     }
   }
   const SamplingParams& sp = spec.sampling;
-  if (!(sp.top_p > 0.0f) || sp.logprobs < 0 || sp.logprobs > vocab || sp.temperature != sp.temperature) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "bad sampling parameters: top_p must be in (0, 1], logprobs in [0, ", vocab,
-        "], temperature a number"));
+  if (!(sp.top_p > 0.0f) || sp.logprobs < 0 || sp.logprobs > vocab ||
+      sp.temperature != sp.temperature) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad sampling parameters: top_p must be in (0, 1], logprobs in [0, ", vocab,
+                     "], temperature a number"));
   }
   return absl::OkStatus();
 }

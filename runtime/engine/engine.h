@@ -57,9 +57,9 @@ struct StepOutput {
   std::vector<int> logits_rows;
   std::vector<RequestId> finished;
   std::vector<RequestId> preempted;
-  int num_tokens = 0;      // tokens computed
-  bool replayed = false;   // ran as a graph replay
-  bool dummy = false;      // this rank had no work and ran a dummy step
+  int num_tokens = 0;     // tokens computed
+  bool replayed = false;  // ran as a graph replay
+  bool dummy = false;     // this rank had no work and ran a dummy step
   int padded_size = 0;
 };
 

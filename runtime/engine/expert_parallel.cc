@@ -147,8 +147,8 @@ absl::StatusOr<ReconfigureAt> ParseReconfigureAt(absl::string_view text) {
   ReconfigureAt r;
   if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &r.step) ||
       !absl::SimpleAtoi(parts[1], &r.size) || r.step < 0 || r.size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--reconfigure-at '", text, "': expected STEP:SIZE with STEP >= 0, SIZE >= 1"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--reconfigure-at '", text, "': expected STEP:SIZE with STEP >= 0, SIZE >= 1"));
   }
   return r;
 }
@@ -163,8 +163,9 @@ absl::StatusOr<EpFault> ParseEpFault(absl::string_view text) {
                     hang_seconds < 3600;
   if ((!fail && !hang) || !absl::SimpleAtoi(parts[1], &f.rank) ||
       !absl::SimpleAtoi(parts[2], &f.step) || f.rank < 0 || f.step < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "fault '", text, "': expected fail:RANK:STEP or hang:RANK:STEP:SECONDS (0 < SECONDS < 3600)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("fault '", text,
+                     "': expected fail:RANK:STEP or hang:RANK:STEP:SECONDS (0 < SECONDS < 3600)"));
   }
   f.kind = fail ? EpFault::Kind::kFail : EpFault::Kind::kHang;
   f.hang = absl::Seconds(hang_seconds);
@@ -181,21 +182,23 @@ absl::StatusOr<EpBackend> ParseEpBackend(absl::string_view name) {
 
 absl::string_view EpBackendName(EpBackend backend) {
   switch (backend) {
-    case EpBackend::kLocal: return "local";
-    case EpBackend::kNccl: return "nccl";
-    case EpBackend::kMpi: return "mpi";
+    case EpBackend::kLocal:
+      return "local";
+    case EpBackend::kNccl:
+      return "nccl";
+    case EpBackend::kMpi:
+      return "mpi";
   }
   return "?";
 }
 
 absl::StatusOr<std::unique_ptr<EpRank>> EpRank::Create(Communicator* world,
                                                        const EngineOptions& options,
-                                                       const EpOptions& ep,
-                                                       Communicator* control) {
+                                                       const EpOptions& ep, Communicator* control) {
   if (world == nullptr || world->size() != ep.world) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "expert parallelism over ", ep.world, " ranks needs a world of that size, got ",
-        world == nullptr ? 0 : world->size()));
+    return absl::InvalidArgumentError(absl::StrCat("expert parallelism over ", ep.world,
+                                                   " ranks needs a world of that size, got ",
+                                                   world == nullptr ? 0 : world->size()));
   }
   if (ep.peer_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the expert-parallel peer timeout must be positive");
@@ -209,8 +212,8 @@ absl::StatusOr<std::unique_ptr<EpRank>> EpRank::Create(Communicator* world,
   int last_step = -1;
   for (const ReconfigureAt& r : ep.reconfigure) {
     if (r.size < 1 || r.size > ep.world) {
-      return absl::InvalidArgumentError(absl::StrCat("reconfiguration to ", r.size,
-                                                     " ranks: must be in [1, ", ep.world, "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("reconfiguration to ", r.size, " ranks: must be in [1, ", ep.world, "]"));
     }
     if (r.step < last_step) {
       return absl::InvalidArgumentError("reconfigurations must be given in step order");
@@ -272,7 +275,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> EpRank::ExchangeAll(
   int64_t my_size = static_cast<int64_t>(mine.size());
   std::vector<int64_t> sizes(n);
   MLAG_RETURN_IF_ERROR(control_->AllGather(*host_stream_, Tensor(&my_size, DType::kI64, {1}),
-                                         Tensor(sizes.data(), DType::kI64, {n})));
+                                           Tensor(sizes.data(), DType::kI64, {n})));
   std::vector<std::vector<int64_t>> all(n);
   for (int root = 0; root < n; ++root) {
     if (sizes[root] == 0) continue;
@@ -296,8 +299,9 @@ absl::StatusOr<ReconfigurationReport> EpRank::Reconfigure(int step, int new_size
     report.seconds.emplace_back(name, Since(t0));
   };
 
-  MLAG_ASSIGN_OR_RETURN(report.prefix_hit_tokens_before,
-                        control_->AllReduceScalar(engine_->kv_cache().hit_tokens(), ReduceOp::kSum));
+  MLAG_ASSIGN_OR_RETURN(
+      report.prefix_hit_tokens_before,
+      control_->AllReduceScalar(engine_->kv_cache().hit_tokens(), ReduceOp::kSum));
   auto t0 = Clock::now();
   // The pages whose contents matter (in use or prefix-cached); the same list
   // is checked after the reconfiguration.
@@ -320,8 +324,7 @@ absl::StatusOr<ReconfigurationReport> EpRank::Reconfigure(int step, int new_size
 
   t0 = Clock::now();
   const ExpertPlacement to = EvenPlacement(placement_.num_experts, new_size);
-  MLAG_RETURN_IF_ERROR(
-      runner.model().MigrateExperts(runner.stream(), *world_, placement_, to));
+  MLAG_RETURN_IF_ERROR(runner.model().MigrateExperts(runner.stream(), *world_, placement_, to));
   placement_ = to;
   phase("migrate", t0);
 
@@ -390,11 +393,10 @@ absl::StatusOr<EpRunResult> EpRank::Run(const std::vector<RequestSpec>& requests
 
 void EpRank::AbortGroups(const absl::Status& reason) {
   // Peers aborted by another rank's failure pass its reason on unchanged.
-  const absl::Status why =
-      reason.code() == absl::StatusCode::kAborted
-          ? reason
-          : absl::Status(reason.code(),
-                         absl::StrCat("rank ", world_->rank(), ": ", reason.message()));
+  const absl::Status why = reason.code() == absl::StatusCode::kAborted
+                               ? reason
+                               : absl::Status(reason.code(), absl::StrCat("rank ", world_->rank(),
+                                                                          ": ", reason.message()));
   // The MPI world ends the process: abort the others first.
   if (pending_group_ != nullptr) pending_group_->Abort(why);
   group_.Abort(why);
@@ -418,7 +420,8 @@ absl::StatusOr<EpRunResult> EpRank::Drive(const std::vector<RequestSpec>& reques
   const int me = world_->rank();
   for (size_t i = 0; i < requests.size(); ++i) {
     if (static_cast<int>(i % active_) != me) continue;
-    absl::StatusOr<RequestId> id = engine_->AddRequestWithId(requests[i], static_cast<RequestId>(i));
+    absl::StatusOr<RequestId> id =
+        engine_->AddRequestWithId(requests[i], static_cast<RequestId>(i));
     if (!id.ok()) {
       return absl::Status(id.status().code(),
                           absl::StrCat("request ", i, ": ", id.status().message()));
@@ -435,8 +438,9 @@ absl::StatusOr<EpRunResult> EpRank::Drive(const std::vector<RequestSpec>& reques
     }
     MLAG_RETURN_IF_ERROR(InjectFault(step));
     if (me < active_) MLAG_RETURN_IF_ERROR(engine_->Step().status());
-    MLAG_ASSIGN_OR_RETURN(int64_t unfinished, control_->AllReduceScalar(
-                                                  engine_->HasUnfinished() ? 1 : 0, ReduceOp::kMax));
+    MLAG_ASSIGN_OR_RETURN(
+        int64_t unfinished,
+        control_->AllReduceScalar(engine_->HasUnfinished() ? 1 : 0, ReduceOp::kMax));
     if (unfinished == 0) break;
     if (step > 10'000'000) return absl::InternalError("expert-parallel run does not finish");
   }
@@ -472,7 +476,8 @@ absl::StatusOr<EpRunResult> EpRank::Drive(const std::vector<RequestSpec>& reques
       return absl::DataLossError("malformed result record");
     }
     size_t i = 7;
-    for (int64_t k = 0; k < p[6]; ++k, i += 2) result.graph_replays[static_cast<int>(p[i])] += p[i + 1];
+    for (int64_t k = 0; k < p[6]; ++k, i += 2)
+      result.graph_replays[static_cast<int>(p[i])] += p[i + 1];
     MLAG_ASSIGN_OR_RETURN(auto reqs, Deserialize(std::vector<int64_t>(p.begin() + i, p.end())));
     for (auto& r : reqs) {
       by_id[r->id] = ResultOf(*r);
@@ -480,8 +485,8 @@ absl::StatusOr<EpRunResult> EpRank::Drive(const std::vector<RequestSpec>& reques
   }
   for (auto& [id, r] : by_id) result.requests.push_back(std::move(r));
   MLAG_ASSIGN_OR_RETURN(int64_t capture_us,
-                        control_->AllReduceScalar(static_cast<int64_t>(result.capture_seconds * 1e6),
-                                                ReduceOp::kMax));
+                        control_->AllReduceScalar(
+                            static_cast<int64_t>(result.capture_seconds * 1e6), ReduceOp::kMax));
   result.capture_seconds = capture_us / 1e6;
   return result;
 }
@@ -569,9 +574,9 @@ absl::StatusOr<EpRunResult> RunNcclThreadRanks(const EngineOptions& options, con
                                                std::vector<absl::Status>* rank_status) {
 #if MLAG_HAVE_NCCL
   if (options.device != "cuda" && options.device != "auto") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--ep-backend nccl runs rank r on cuda:r: pass --device cuda (or auto), not '",
-        options.device, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ep-backend nccl runs rank r on cuda:r: pass --device cuda (or auto), not '",
+                     options.device, "'"));
   }
   const int gpus = Device::CudaDeviceCount();
   if (gpus < ep.world) {
@@ -650,8 +655,8 @@ absl::StatusOr<EpRunResult> RunMpiRank(const EngineOptions& options, const EpOpt
 
 absl::StatusOr<EpRunResult> RunExpertParallel(const EngineOptions& options, const EpOptions& ep,
                                               EpBackend backend,
-                                              const std::vector<RequestSpec>& requests,
-                                              int* rank, std::vector<absl::Status>* rank_status) {
+                                              const std::vector<RequestSpec>& requests, int* rank,
+                                              std::vector<absl::Status>* rank_status) {
   if (rank != nullptr) *rank = 0;
   if (ep.world < 1) return absl::InvalidArgumentError("--ep must be >= 1");
   switch (backend) {

@@ -52,7 +52,7 @@ struct EpFault {
 };
 
 struct EpOptions {
-  int world = 1;                          // ranks launched: the largest group
+  int world = 1;                           // ranks launched: the largest group
   std::vector<ReconfigureAt> reconfigure;  // in step order
   // How long a rank waits for its peers in any collective before it decides
   // that one is dead or hung, aborts the group and fails with
@@ -87,7 +87,7 @@ struct ReconfigurationReport {
 };
 
 struct EpRunResult {
-  std::string device;  // this rank's device
+  std::string device;                   // this rank's device
   std::vector<RequestResult> requests;  // by id
   std::vector<ReconfigurationReport> reconfigurations;
   int64_t driver_steps = 0;

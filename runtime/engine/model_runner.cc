@@ -47,11 +47,11 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(ModelSource& so
 absl::Status ModelRunner::Init(ModelSource& source) {
   const RunnerConfig& c = config_;
   if (c.kv_dtype != DType::kF32 && c.kv_dtype != DType::kBF16) {
-    return absl::InvalidArgumentError(absl::StrCat("KV cache dtype ", DTypeName(c.kv_dtype),
-                                                   ": expected f32 or bf16"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache dtype ", DTypeName(c.kv_dtype), ": expected f32 or bf16"));
   }
-  if (c.max_num_seqs < 1 || c.max_num_batched_tokens < 1 || c.block_size < 1 ||
-      c.num_blocks < 2 || c.max_model_len < 1) {
+  if (c.max_num_seqs < 1 || c.max_num_batched_tokens < 1 || c.block_size < 1 || c.num_blocks < 2 ||
+      c.max_model_len < 1) {
     return absl::InvalidArgumentError(
         "runner needs max_num_seqs, max_num_batched_tokens, block_size, max_model_len >= 1 "
         "and at least 2 KV blocks");
@@ -123,8 +123,8 @@ absl::Status ModelRunner::Init(ModelSource& source) {
   std::memset(staging_.data(), 0, bytes);
   for (size_t i = 0; i < std::size(fields); ++i) {
     const Field& f = fields[i];
-    *f.device = Tensor(static_cast<char*>(inputs_.data()) + offsets[i], f.dtype, f.shape,
-                       device_->kind());
+    *f.device =
+        Tensor(static_cast<char*>(inputs_.data()) + offsets[i], f.dtype, f.shape, device_->kind());
     *f.staged = Tensor(static_cast<char*>(staging_.data()) + offsets[i], f.dtype, f.shape,
                        DeviceKind::kHost);
   }
@@ -141,7 +141,8 @@ absl::Status ModelRunner::Init(ModelSource& source) {
 
 size_t ModelRunner::kv_bytes_per_token() const {
   const ModelConfig& mc = model_->config();
-  return static_cast<size_t>(mc.num_hidden_layers) * mc.kv_cache_row() * DTypeSize(config_.kv_dtype);
+  return static_cast<size_t>(mc.num_hidden_layers) * mc.kv_cache_row() *
+         DTypeSize(config_.kv_dtype);
 }
 
 const Graph* ModelRunner::graph(int size) const {
@@ -237,8 +238,8 @@ absl::Status ModelRunner::FillDummy(const StepPlan& plan) {
 absl::Status ModelRunner::DummyStep(const StepPlan& plan) {
   const int limit = plan.decode ? std::min(max_rows_, max_seq_rows_) : max_rows_;
   if (plan.rows < 1 || plan.rows > limit) {
-    return absl::InvalidArgumentError(absl::StrCat("dummy step of ", plan.rows,
-                                                   " rows; the runner holds at most ", limit));
+    return absl::InvalidArgumentError(
+        absl::StrCat("dummy step of ", plan.rows, " rows; the runner holds at most ", limit));
   }
   MLAG_RETURN_IF_ERROR(FillDummy(plan));
   ++stats_.dummy_steps;
@@ -250,8 +251,8 @@ absl::Status ModelRunner::DummyStep(const StepPlan& plan) {
     MLAG_RETURN_IF_ERROR(it->second->Replay(*stream_));
     return stream_->Synchronize();
   }
-  MLAG_RETURN_IF_ERROR(RunOps(plan.decode ? Metadata(plan.rows, plan.rows, true)
-                                          : Metadata(plan.rows, 1, false)));
+  MLAG_RETURN_IF_ERROR(
+      RunOps(plan.decode ? Metadata(plan.rows, plan.rows, true) : Metadata(plan.rows, 1, false)));
   return stream_->Synchronize();
 }
 
@@ -339,10 +340,9 @@ absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> s
   const StepPlan plan = plan_in != nullptr ? *plan_in : Plan(seqs);
   if ((plan.decode && (!decode_only || plan.rows < B || plan.rows > max_seq_rows_)) ||
       (!plan.decode && (plan.rows < T || plan.rows > max_rows_))) {
-    return absl::InvalidArgumentError(absl::StrCat("step plan of ", plan.rows, " rows (",
-                                                   plan.decode ? "decode" : "mixed",
-                                                   ") does not fit ", B, " sequences / ", T,
-                                                   " tokens"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("step plan of ", plan.rows, " rows (", plan.decode ? "decode" : "mixed",
+                     ") does not fit ", B, " sequences / ", T, " tokens"));
   }
   const bool replay = plan.decode && graphs_.count(plan.rows) > 0;
   const int rows = plan.rows;
@@ -356,12 +356,11 @@ absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> s
     const StepSequence& s = seqs[b];
     const int n = static_cast<int>(s.new_tokens.size());
     const int end = s.start_position + n;
-    if (end > config_.max_model_len ||
-        static_cast<int64_t>(s.block_table.size()) * bs < end ||
+    if (end > config_.max_model_len || static_cast<int64_t>(s.block_table.size()) * bs < end ||
         static_cast<int>(s.block_table.size()) > mb) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sequence ", b, ": ", end, " tokens do not fit its ", s.block_table.size(),
-          " blocks or max_model_len ", config_.max_model_len));
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", b, ": ", end, " tokens do not fit its ", s.block_table.size(),
+                       " blocks or max_model_len ", config_.max_model_len));
     }
     for (int i = 0; i < n; ++i, ++t) {
       const int pos = s.start_position + i;
@@ -399,7 +398,8 @@ absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> s
     ++stats_.eager_steps;
   }
   const int32_t* sampled = static_cast<const int32_t*>(sampled_host_.data());
-  MLAG_RETURN_IF_ERROR(stream_->CopyToHost(sampled_host_.data(), sampled_.data(), B * sizeof(int32_t)));
+  MLAG_RETURN_IF_ERROR(
+      stream_->CopyToHost(sampled_host_.data(), sampled_.data(), B * sizeof(int32_t)));
   MLAG_RETURN_IF_ERROR(stream_->Synchronize());
   upload_pending_ = false;
   result.tokens.assign(B, -1);

@@ -47,7 +47,7 @@ struct RunnerConfig {
   int max_num_seqs = 64;
   int max_num_batched_tokens = 512;
   int max_model_len = 256;
-  int max_ep_ranks = 1;  // largest expert-parallel group (sizes its buffers)
+  int max_ep_ranks = 1;          // largest expert-parallel group (sizes its buffers)
   DType kv_dtype = DType::kF32;  // KV cache element type: f32 or bf16
   int block_size = 64;
   int num_blocks = 64;  // including the null block 0
@@ -63,7 +63,7 @@ struct StepSequence {
   absl::Span<const int> block_table;     // the sequence's blocks (covers every position)
   bool sample = false;                   // sample a token from the last position
   SamplingParams sampling;
-  int64_t output_index = 0;              // RNG step: number of tokens generated so far
+  int64_t output_index = 0;  // RNG step: number of tokens generated so far
 };
 
 // The shape a step runs with. decode: every sequence has one token and the
@@ -76,10 +76,10 @@ struct StepPlan {
 };
 
 struct StepResult {
-  std::vector<int32_t> tokens;  // per sequence; -1 where sample was false
+  std::vector<int32_t> tokens;                      // per sequence; -1 where sample was false
   std::vector<std::vector<TokenLogprob>> logprobs;  // per sequence, when asked for
-  bool replayed = false;        // a captured graph ran
-  int padded_size = 0;          // rows the step ran with
+  bool replayed = false;                            // a captured graph ran
+  int padded_size = 0;                              // rows the step ran with
 };
 
 struct RunnerStats {
@@ -194,12 +194,12 @@ class ModelRunner {
   int max_seq_rows_ = 0;            // rows of the per-sequence buffers
   int max_blocks_per_seq_ = 0;
   std::vector<Buffer> buffers_;
-  std::vector<Tensor> kv_caches_;   // per layer [num_blocks, block_size, row]
-  Buffer inputs_;                   // the static input buffers, on the device
-  Buffer staging_;                  // pinned host memory of the same layout
+  std::vector<Tensor> kv_caches_;  // per layer [num_blocks, block_size, row]
+  Buffer inputs_;                  // the static input buffers, on the device
+  Buffer staging_;                 // pinned host memory of the same layout
   StagedInputs staged_;
-  bool upload_pending_ = false;     // an upload from staging_ may still be queued
-  Buffer sampled_host_;             // pinned [max_seq_rows] i32: the sampled tokens
+  bool upload_pending_ = false;  // an upload from staging_ may still be queued
+  Buffer sampled_host_;          // pinned [max_seq_rows] i32: the sampled tokens
   // Static input buffers.
   Tensor input_ids_, positions_, slot_mapping_;                       // [max_rows]
   Tensor block_table_, seq_lens_, query_start_loc_, logits_indices_;  // per sequence

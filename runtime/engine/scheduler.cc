@@ -6,10 +6,14 @@ namespace mlag {
 
 absl::string_view FinishReasonName(FinishReason reason) {
   switch (reason) {
-    case FinishReason::kNone: return "";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kAbort: return "abort";
+    case FinishReason::kNone:
+      return "";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kAbort:
+      return "abort";
   }
   return "";
 }

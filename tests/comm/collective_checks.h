@@ -47,10 +47,20 @@ struct CheckLog {
   }
 };
 
-template <typename T> constexpr DType DTypeOf();
-template <> constexpr DType DTypeOf<float>() { return DType::kF32; }
-template <> constexpr DType DTypeOf<int32_t>() { return DType::kI32; }
-template <> constexpr DType DTypeOf<int64_t>() { return DType::kI64; }
+template <typename T>
+constexpr DType DTypeOf();
+template <>
+constexpr DType DTypeOf<float>() {
+  return DType::kF32;
+}
+template <>
+constexpr DType DTypeOf<int32_t>() {
+  return DType::kI32;
+}
+template <>
+constexpr DType DTypeOf<int64_t>() {
+  return DType::kI64;
+}
 
 template <typename T>
 Tensor View(std::vector<T>& v) {
@@ -97,18 +107,24 @@ T Poison() {
 template <typename T>
 T Combine(T a, T b, ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return a + b;
-    case ReduceOp::kMax: return a > b ? a : b;
-    case ReduceOp::kMin: return a < b ? a : b;
+    case ReduceOp::kSum:
+      return a + b;
+    case ReduceOp::kMax:
+      return a > b ? a : b;
+    case ReduceOp::kMin:
+      return a < b ? a : b;
   }
   return a;
 }
 
 inline const char* OpName(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
   }
   return "?";
 }
@@ -139,8 +155,8 @@ void CheckAllGatherOf(Communicator& comm, Stream& stream, CheckLog& log, int64_t
   const int size = comm.size();
   const int rank = comm.rank();
   const uint64_t seed = 100 + n + (in_place ? 7 : 0);
-  const std::string what = absl::StrCat("all_gather ", DTypeName(DTypeOf<T>()), " n=", n,
-                                        in_place ? " in place" : "");
+  const std::string what =
+      absl::StrCat("all_gather ", DTypeName(DTypeOf<T>()), " n=", n, in_place ? " in place" : "");
   std::vector<T> send = Values<T>(seed, rank, n);
   std::vector<T> recv(static_cast<size_t>(size * n), Poison<T>());
   Tensor send_t = View(send);
@@ -207,9 +223,8 @@ void CheckAllReduceOf(Communicator& comm, Stream& stream, CheckLog& log, int64_t
   const int size = comm.size();
   const int rank = comm.rank();
   const uint64_t seed = 300 + n + static_cast<uint64_t>(op) * 11 + (in_place ? 7 : 0);
-  const std::string what = absl::StrCat("all_reduce ", OpName(op), " ",
-                                        DTypeName(DTypeOf<T>()), " n=", n,
-                                        in_place ? " in place" : "");
+  const std::string what = absl::StrCat("all_reduce ", OpName(op), " ", DTypeName(DTypeOf<T>()),
+                                        " n=", n, in_place ? " in place" : "");
   std::vector<T> send = Values<T>(seed, rank, n);
   std::vector<T> recv(static_cast<size_t>(n), Poison<T>());
   std::vector<T>& out = in_place ? send : recv;
@@ -386,8 +401,8 @@ inline std::vector<int64_t> Members(int size, const std::function<int(int)>& col
 }
 
 inline void CheckSubgroup(Communicator& parent, Stream& stream, CheckLog& log,
-                          const std::function<int(int)>& color,
-                          const std::function<int(int)>& key, const std::string& name) {
+                          const std::function<int(int)>& color, const std::function<int(int)>& key,
+                          const std::string& name) {
   const int rank = parent.rank();
   absl::StatusOr<std::unique_ptr<Communicator>> sub = parent.Split(color(rank), key(rank));
   if (!log.ExpectOk(sub.status(), name)) return;
@@ -404,8 +419,8 @@ inline void CheckSubgroup(Communicator& parent, Stream& stream, CheckLog& log,
   const int want_rank =
       static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
   log.Expect(c.size() == static_cast<int>(members.size()) && c.rank() == want_rank,
-             absl::StrCat(name, ": rank ", c.rank(), " of ", c.size(), ", want ", want_rank,
-                          " of ", members.size()));
+             absl::StrCat(name, ": rank ", c.rank(), " of ", c.size(), ", want ", want_rank, " of ",
+                          members.size()));
   log.Expect(c.backend() == parent.backend(), absl::StrCat(name, ": backend ", c.backend()));
   // Who is where: gather the old ranks.
   std::vector<int64_t> mine = {rank};
@@ -429,12 +444,13 @@ inline void CheckSubgroup(Communicator& parent, Stream& stream, CheckLog& log,
 inline void CheckSplit(Communicator& comm, Stream& stream, CheckLog& log) {
   const int size = comm.size();
   // By parity, keys reversing the order within each color.
-  CheckSubgroup(comm, stream, log, [](int r) { return r % 2; }, [](int r) { return -r; },
-                "split by parity");
+  CheckSubgroup(
+      comm, stream, log, [](int r) { return r % 2; }, [](int r) { return -r; }, "split by parity");
   // Everyone but rank 1, which passes color -1 (scale-down by one rank).
   if (size >= 2) {
-    CheckSubgroup(comm, stream, log, [](int r) { return r == 1 ? -1 : 0; },
-                  [](int r) { return r; }, "split without rank 1");
+    CheckSubgroup(
+        comm, stream, log, [](int r) { return r == 1 ? -1 : 0; }, [](int r) { return r; },
+        "split without rank 1");
   }
   // The parent stays usable.
   log.ExpectOk(comm.Barrier(), "barrier after split");

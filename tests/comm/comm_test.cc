@@ -4,8 +4,8 @@
 // the local backend promises: rank-order (timing-independent) reductions,
 // argument checks, mismatched collectives and deadlines instead of hangs.
 #include <atomic>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <random>
@@ -104,9 +104,7 @@ TEST_P(LocalCommTest, Broadcast) {
 
 TEST_P(LocalCommTest, SendRecvRing) {
   if (GetParam() < 2) GTEST_SKIP() << "a ring needs two ranks";
-  Run([](Communicator& c, Stream& s, CheckLog& log) {
-    comm_checks::CheckSendRecvRing(c, s, log);
-  });
+  Run([](Communicator& c, Stream& s, CheckLog& log) { comm_checks::CheckSendRecvRing(c, s, log); });
 }
 
 TEST_P(LocalCommTest, BarrierWaitsForEveryRank) {
@@ -150,9 +148,9 @@ TEST_P(LocalCommTest, ReductionsAreInRankOrderWhateverTheTiming) {
   const int64_t n = 301;
   // Uniform in [-1000, 1000) times 10^(i % 7 - 3): magnitudes that round.
   auto input = [](int rank, int round, int64_t i) {
-    const uint64_t h = comm_checks::Mix((static_cast<uint64_t>(rank) << 48) ^
-                                        (static_cast<uint64_t>(round) << 32) ^
-                                        static_cast<uint64_t>(i));
+    const uint64_t h =
+        comm_checks::Mix((static_cast<uint64_t>(rank) << 48) ^
+                         (static_cast<uint64_t>(round) << 32) ^ static_cast<uint64_t>(i));
     const float u = static_cast<float>(h >> 40) / static_cast<float>(1 << 24);
     return (u * 2e3f - 1e3f) * std::pow(10.0f, static_cast<float>(i % 7) - 3.0f);
   };
@@ -312,8 +310,7 @@ TEST(LocalCommunicatorTest, AbortWakesWaitingRanksAtOnce) {
       c.Abort(absl::ResourceExhaustedError("rank 0 ran out of memory"));
       return;
     }
-    absl::Status s = c.rank() == 3 ? c.Recv(st, View(x), 0)
-                                   : c.AllGather(st, View(x), View(all));
+    absl::Status s = c.rank() == 3 ? c.Recv(st, View(x), 0) : c.AllGather(st, View(x), View(all));
     log.Expect(s.code() == absl::StatusCode::kAborted, "the waiting rank is aborted");
     log.Expect(absl::StrContains(s.message(), "rank 0 ran out of memory"),
                "the abort carries its reason");

@@ -36,8 +36,7 @@ void CheckWorld(Communicator& world, Stream& stream, CheckLog& log) {
   log.Expect(world.AllGather(stream, View(a), View(b)).code() ==
                  (world.size() == 1 ? absl::StatusCode::kOk : absl::StatusCode::kInvalidArgument),
              "all_gather with a too small recv is rejected");
-  log.Expect(world.Send(stream, View(a), world.size()).code() ==
-                 absl::StatusCode::kInvalidArgument,
+  log.Expect(world.Send(stream, View(a), world.size()).code() == absl::StatusCode::kInvalidArgument,
              "send to a rank out of range is rejected");
 }
 

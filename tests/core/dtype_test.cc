@@ -1,11 +1,12 @@
 // dtype conversions against a table worked out by hand from the IEEE-754
 // encodings (ties, subnormals, overflow, NaN and infinities).
+#include "runtime/core/dtype.h"
+
 #include <cmath>
 #include <cstdint>
 #include <limits>
 
 #include "gtest/gtest.h"
-#include "runtime/core/dtype.h"
 
 namespace mlag {
 namespace {

@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/status_matchers.h"
 #include "kernels/elementwise.h"
 #include "runtime/core/device.h"
 #include "runtime/core/stream.h"
+#include "tests/status_matchers.h"
 
 #ifndef MLAG_TEST_DEVICE
 #define MLAG_TEST_DEVICE "host"
@@ -154,8 +154,7 @@ TEST_F(GraphTest, AllocationDuringCaptureFails) {
   auto buf = device_->Allocate(1024);
   ASSERT_FALSE(buf.ok());
   EXPECT_EQ(buf.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(buf.status().message().find("during graph capture"), std::string::npos)
-      << buf.status();
+  EXPECT_NE(buf.status().message().find("during graph capture"), std::string::npos) << buf.status();
   ASSERT_OK(stream_->EndCapture());
   // After the capture allocation works again.
   EXPECT_OK(device_->Allocate(1024));

@@ -3,8 +3,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/status_matchers.h"
 #include "runtime/core/device.h"
+#include "tests/status_matchers.h"
 
 namespace mlag {
 namespace {
@@ -94,8 +94,7 @@ TEST(DeviceTest, HostAllocationIsAlignedAndWorkspaceBumps) {
   Tensor a = ws.Allocate(DType::kF32, {10}).value();
   Tensor c = ws.Allocate(DType::kF32, {10}).value();
   EXPECT_EQ(static_cast<char*>(c.data()) - static_cast<char*>(a.data()), 64);
-  EXPECT_EQ(ws.Allocate(DType::kF32, {2000}).status().code(),
-            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ws.Allocate(DType::kF32, {2000}).status().code(), absl::StatusCode::kResourceExhausted);
   ws.Reset();
   EXPECT_EQ(ws.Allocate(DType::kF32, {10}).value().data(), a.data());
   EXPECT_EQ(ws.high_water(), 128u);

@@ -60,8 +60,8 @@ struct Layout {
 // D = op(A) op(B), column-major, batched, A and B of `type` (f32 or bf16),
 // against the same product in double over the operands as stored.
 void CheckMatmul(cudaDataType_t type, bool ta, bool tb, int m, int n, int k, int batch) {
-  SCOPED_TRACE(::testing::Message() << "type " << type << " ta " << ta << " tb " << tb << " m "
-                                    << m << " n " << n << " k " << k << " batch " << batch);
+  SCOPED_TRACE(::testing::Message() << "type " << type << " ta " << ta << " tb " << tb << " m " << m
+                                    << " n " << n << " k " << k << " batch " << batch);
   const int a_rows = ta ? k : m, a_cols = ta ? m : k;
   const int b_rows = tb ? n : k, b_cols = tb ? k : n;
   const int lda = a_rows + 3, ldb = b_rows + 1, ldd = m + 2;
@@ -69,7 +69,8 @@ void CheckMatmul(cudaDataType_t type, bool ta, bool tb, int m, int n, int k, int
   std::mt19937 rng(static_cast<unsigned>(m * 131 + n * 17 + k));
   std::uniform_real_distribution<float> u(-1, 1);
   const size_t esize = type == CUDA_R_32F ? 4 : 2;
-  std::vector<char> a(static_cast<size_t>(sa * batch) * esize), b(static_cast<size_t>(sb * batch) * esize);
+  std::vector<char> a(static_cast<size_t>(sa * batch) * esize),
+      b(static_cast<size_t>(sb * batch) * esize);
   const mlag::DType dt = type == CUDA_R_32F ? mlag::DType::kF32 : mlag::DType::kBF16;
   for (size_t i = 0; i < a.size() / esize; ++i) mlag::StoreFromF32(dt, a.data(), i, u(rng));
   for (size_t i = 0; i < b.size() / esize; ++i) mlag::StoreFromF32(dt, b.data(), i, u(rng));
@@ -81,7 +82,8 @@ void CheckMatmul(cudaDataType_t type, bool ta, bool tb, int m, int n, int k, int
   LT_OK(cublasLtCreate(&h));
   cublasLtMatmulDesc_t desc;
   LT_OK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                          opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   LT_OK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
   LT_OK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
   Layout la, lb, ld;
@@ -98,7 +100,8 @@ void CheckMatmul(cudaDataType_t type, bool ta, bool tb, int m, int n, int k, int
   LT_OK(cublasLtMatmulPreferenceCreate(&pref));
   cublasLtMatmulHeuristicResult_t result;
   int returned = 0;
-  LT_OK(cublasLtMatmulAlgoGetHeuristic(h, desc, la.l, lb.l, ld.l, ld.l, pref, 1, &result, &returned));
+  LT_OK(
+      cublasLtMatmulAlgoGetHeuristic(h, desc, la.l, lb.l, ld.l, ld.l, pref, 1, &result, &returned));
   ASSERT_EQ(returned, 1);
   const float one = 1.0f, zero = 0.0f;
   LT_OK(cublasLtMatmul(h, desc, &one, da, la.l, db, lb.l, &zero, dd, ld.l, dd, ld.l, &result.algo,
@@ -123,7 +126,8 @@ void CheckMatmul(cudaDataType_t type, bool ta, bool tb, int m, int n, int k, int
   cublasLtMatmulPreferenceDestroy(pref);
   cublasLtMatmulDescDestroy(desc);
   cublasLtDestroy(h);
-  for (void* p : {static_cast<void*>(da), static_cast<void*>(db), static_cast<void*>(dd)}) cudaFree(p);
+  for (void* p : {static_cast<void*>(da), static_cast<void*>(db), static_cast<void*>(dd)})
+    cudaFree(p);
 }
 
 TEST(EmulatedCublasLtTest, MatmulsMatchADoubleReference) {
@@ -149,13 +153,15 @@ TEST(EmulatedCublasLtTest, NoHeuristicQueryDuringACapture) {
   CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   cublasLtMatmulHeuristicResult_t result;
   int returned = 0;
-  EXPECT_EQ(cublasLtMatmulAlgoGetHeuristic(h, desc, l.l, l.l, l.l, l.l, pref, 1, &result, &returned),
-            CUBLAS_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(
+      cublasLtMatmulAlgoGetHeuristic(h, desc, l.l, l.l, l.l, l.l, pref, 1, &result, &returned),
+      CUBLAS_STATUS_NOT_SUPPORTED);
   cudaGraph_t g = nullptr;
   CUDA_OK(cudaStreamEndCapture(s, &g));
   CUDA_OK(cudaGraphDestroy(g));
-  EXPECT_EQ(cublasLtMatmulAlgoGetHeuristic(h, desc, l.l, l.l, l.l, l.l, pref, 1, &result, &returned),
-            CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(
+      cublasLtMatmulAlgoGetHeuristic(h, desc, l.l, l.l, l.l, l.l, pref, 1, &result, &returned),
+      CUBLAS_STATUS_SUCCESS);
   CUDA_OK(cudaStreamDestroy(s));
   cublasLtMatmulPreferenceDestroy(pref);
   cublasLtMatmulDescDestroy(desc);

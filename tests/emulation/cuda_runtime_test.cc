@@ -257,7 +257,7 @@ TEST_F(EmulatedRuntimeTest, CudaMemcpyFromPageableMemoryReturnsBeforeTheDeviceHa
   gate.Block(nullptr);  // hold the legacy stream
   std::vector<float> fresh(4, 5.0f);
   CUDA_OK(cudaMemcpy(d, fresh.data(), 4 * sizeof(float), cudaMemcpyHostToDevice));
-  fresh.assign(4, 9.0f);  // the source was taken at the call
+  fresh.assign(4, 9.0f);     // the source was taken at the call
   EXPECT_EQ(Peek(d), 1.0f);  // a non-blocking stream does not see it yet
   gate.Open();
   CUDA_OK(cudaDeviceSynchronize());
@@ -304,9 +304,9 @@ TEST_F(EmulatedRuntimeTest, LaunchLimitsAreThoseOfSm90) {
   float* out = DeviceFloats(n, 0.0f);
   MLAG_LAUNCH(SmemKernel, 1, 256, n * sizeof(float), nullptr)(out, n);
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);  // over 48 KB without opting in
-  EXPECT_EQ(cudaFuncSetAttribute(SmemKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 228 * 1024),
-            cudaErrorInvalidValue);  // over the 227 KB the device has
+  EXPECT_EQ(
+      cudaFuncSetAttribute(SmemKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 228 * 1024),
+      cudaErrorInvalidValue);                            // over the 227 KB the device has
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);  // every failed call sets it
   CUDA_OK(cudaFuncSetAttribute(SmemKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                n * sizeof(float)));

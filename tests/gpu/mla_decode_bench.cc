@@ -18,13 +18,13 @@
 #include <random>
 #include <vector>
 
-#include "runtime/core/scalar_types.h"
+#include "examples/mlag/memory_bandwidth.h"
 #include "kernels/mla_attention.h"
 #include "mlag_config.h"
 #include "runtime/core/device.h"
+#include "runtime/core/scalar_types.h"
 #include "runtime/core/stream.h"
 #include "runtime/core/tensor.h"
-#include "examples/mlag/memory_bandwidth.h"
 
 #if MLAG_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -42,24 +42,23 @@ constexpr int kWarmup = 3;
 constexpr int kIters = 20;
 constexpr size_t kCopyBytes = size_t{2} << 30;
 
-#define BENCH_CHECK(expr)                                                            \
-  do {                                                                               \
-    const absl::Status bench_status_ = (expr);                                       \
-    if (!bench_status_.ok()) {                                                       \
-      std::fprintf(stderr, "mla_decode_bench: %s: %s\n", #expr,                      \
-                   bench_status_.ToString().c_str());                                \
-      return 1;                                                                      \
-    }                                                                                \
+#define BENCH_CHECK(expr)                                                                          \
+  do {                                                                                             \
+    const absl::Status bench_status_ = (expr);                                                     \
+    if (!bench_status_.ok()) {                                                                     \
+      std::fprintf(stderr, "mla_decode_bench: %s: %s\n", #expr, bench_status_.ToString().c_str()); \
+      return 1;                                                                                    \
+    }                                                                                              \
   } while (0)
 
 #if MLAG_HAVE_CUDA
-#define BENCH_CUDA(expr)                                                                  \
-  do {                                                                                    \
-    const cudaError_t bench_err_ = (expr);                                                \
-    if (bench_err_ != cudaSuccess) {                                                      \
+#define BENCH_CUDA(expr)                                                                         \
+  do {                                                                                           \
+    const cudaError_t bench_err_ = (expr);                                                       \
+    if (bench_err_ != cudaSuccess) {                                                             \
       std::fprintf(stderr, "mla_decode_bench: %s: %s\n", #expr, cudaGetErrorString(bench_err_)); \
-      return 1;                                                                           \
-    }                                                                                     \
+      return 1;                                                                                  \
+    }                                                                                            \
   } while (0)
 
 int Run() {
@@ -137,12 +136,12 @@ int Run() {
   const double copy_gbps = bw->bytes_per_second / 1e9;
   std::printf("device: %s, copy bandwidth %.1f GB/s\n", device.name().c_str(), copy_gbps);
 
-  const double bytes = static_cast<double>(kBatch * kSeqLen * row * 2)      // cache rows
-                       + static_cast<double>(kBatch * kHeads * row * 4)     // queries
+  const double bytes = static_cast<double>(kBatch * kSeqLen * row * 2)           // cache rows
+                       + static_cast<double>(kBatch * kHeads * row * 4)          // queries
                        + static_cast<double>(kBatch * kHeads * (kRkv + 1) * 4);  // out + lse
   std::vector<float> reference;  // the f32 kernel's output
-  for (MlaDecodeKernel kernel : {MlaDecodeKernel::kF32, MlaDecodeKernel::kTensorCore,
-                                 MlaDecodeKernel::kTensorCoreBf16Q}) {
+  for (MlaDecodeKernel kernel :
+       {MlaDecodeKernel::kF32, MlaDecodeKernel::kTensorCore, MlaDecodeKernel::kTensorCoreBf16Q}) {
     for (int i = 0; i < kWarmup; ++i) {
       BENCH_CHECK(MlaDecode(stream, q_latent, q_pe, cache, block_table, seq_lens, scale, out, lse,
                             &ws.value(), kernel));
@@ -154,8 +153,8 @@ int Run() {
     const cudaStream_t cs = static_cast<cudaStream_t>(stream.native());
     BENCH_CUDA(cudaEventRecord(start, cs));
     for (int i = 0; i < kIters; ++i) {
-      BENCH_CHECK(MlaDecode(stream, q_latent, q_pe, cache, block_table, seq_lens, scale, out,
-                            lse, &ws.value(), kernel));
+      BENCH_CHECK(MlaDecode(stream, q_latent, q_pe, cache, block_table, seq_lens, scale, out, lse,
+                            &ws.value(), kernel));
     }
     BENCH_CUDA(cudaEventRecord(stop, cs));
     BENCH_CUDA(cudaEventSynchronize(stop));
@@ -183,11 +182,12 @@ int Run() {
       ref = std::max(ref, std::abs(static_cast<double>(reference[i])));
     }
     const double gbps = bytes / (us * 1e-6) / 1e9;
-    std::printf("mla_decode[%s] b=%lld s=%lld H=%lld: %.1f us, %.1f GB/s, %.1f%% of copy "
-                "bandwidth (%.1f GB/s), vs f32: %.2g\n",
-                MlaDecodeKernelName(kernel), static_cast<long long>(kBatch),
-                static_cast<long long>(kSeqLen), static_cast<long long>(kHeads), us, gbps,
-                100.0 * gbps / copy_gbps, copy_gbps, ref > 0.0 ? err / ref : err);
+    std::printf(
+        "mla_decode[%s] b=%lld s=%lld H=%lld: %.1f us, %.1f GB/s, %.1f%% of copy "
+        "bandwidth (%.1f GB/s), vs f32: %.2g\n",
+        MlaDecodeKernelName(kernel), static_cast<long long>(kBatch),
+        static_cast<long long>(kSeqLen), static_cast<long long>(kHeads), us, gbps,
+        100.0 * gbps / copy_gbps, copy_gbps, ref > 0.0 ? err / ref : err);
   }
   return 0;
 }

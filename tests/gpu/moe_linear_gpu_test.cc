@@ -255,8 +255,7 @@ TEST_F(MoeExpertsGpu, RejectsSmallWorkspace) {
   Inputs in = MakeInputs(c, 42);
   const size_t bytes = MoeExpertsWorkspaceBytes(c.T, c.K, c.D, c.I, c.L);
   Buffer ws = device_->Allocate(bytes).value();
-  absl::Status st =
-      RunDevice(in, ws.AsTensor(DType::kU8, {static_cast<int64_t>(bytes) - 4}));
+  absl::Status st = RunDevice(in, ws.AsTensor(DType::kU8, {static_cast<int64_t>(bytes) - 4}));
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_THAT(std::string(st.message()), HasSubstr("MoeExpertsWorkspaceBytes"));
 }

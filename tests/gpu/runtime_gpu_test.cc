@@ -11,10 +11,10 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/status_matchers.h"
 #include "mlag_config.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/expert_parallel.h"
+#include "tests/status_matchers.h"
 
 namespace mlag {
 namespace {
@@ -72,11 +72,9 @@ Record RunAll(Engine& engine, const std::vector<RequestSpec>& specs) {
     const Tensor logits = engine.runner().last_logits();
     for (size_t i = 0; i < out->new_tokens.size(); ++i) {
       const RequestId id = out->new_tokens[i].first;
-      EXPECT_OK(engine.device()
-                      .CopyToHost(row.data(),
-                                  logits.data_as<float>() + int64_t{out->logits_rows[i]} * V,
-                                  V * sizeof(float))
-                      );
+      EXPECT_OK(engine.device().CopyToHost(
+          row.data(), logits.data_as<float>() + int64_t{out->logits_rows[i]} * V,
+          V * sizeof(float)));
       rec.logits[{id, engine.request(id)->num_output_tokens() - 1}] = row;
     }
   }
@@ -188,8 +186,9 @@ TEST_F(RuntimeGpuTest, AFailedAndAHungNcclRankEndEveryRankWithANamedError) {
   const absl::Duration took = absl::Now() - start;
   EXPECT_FALSE(result.ok());
   ASSERT_EQ(ranks.size(), 4u);
-  EXPECT_THAT(ranks[1], ::mlag::testing::StatusIs(absl::StatusCode::kInternal,
-                                                   ::testing::HasSubstr("injected failure at step 5")));
+  EXPECT_THAT(ranks[1],
+              ::mlag::testing::StatusIs(absl::StatusCode::kInternal,
+                                        ::testing::HasSubstr("injected failure at step 5")));
   for (int r : {0, 2, 3}) {
     std::printf("  rank %d: %s\n", r, ranks[r].ToString().c_str());
     EXPECT_TRUE(absl::StrContains(ranks[r].message(), "injected failure at step 5") ||

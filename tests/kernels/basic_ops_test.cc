@@ -5,8 +5,8 @@
 // cases_linear.cc.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <random>
@@ -56,8 +56,7 @@ class ErrorReport : public ::testing::Environment {
     for (const auto& [op, err] : MaxErrors()) std::printf("max_rel_err %s %.3g\n", op.c_str(), err);
   }
 };
-::testing::Environment* const kErrorReport =
-    ::testing::AddGlobalTestEnvironment(new ErrorReport);
+::testing::Environment* const kErrorReport = ::testing::AddGlobalTestEnvironment(new ErrorReport);
 
 // ---- Tensors and references --------------------------------------------------------
 
@@ -165,7 +164,7 @@ TEST(CopyTest, CopiesRowsAndRefusesOverlap) {
   FillRandom(src, NextSeed());
   Owned dst = Make(DType::kBF16, {5, 12});
   PoisonNaN(dst);
-  const Tensor s = src.t.Slice(1, 2, 9);  // [5, 7], row stride 9
+  const Tensor s = src.t.Slice(1, 2, 9);   // [5, 7], row stride 9
   const Tensor d = dst.t.Slice(1, 3, 10);  // [5, 7], row stride 12
   ASSERT_OK(Copy(HostStream(), s, d));
   for (int64_t r = 0; r < 5; ++r) {
@@ -211,8 +210,7 @@ TEST(RmsNormTest, RejectsBadArguments) {
   ExpectInvalid(RmsNorm(st, x.t, w.t, -1.0f, y.t), "eps");
   ExpectInvalid(RmsNorm(st, x.t, w.t, std::nanf(""), y.t), "eps");
   // In place needs the same view; the same memory as bf16 would be garbage.
-  ExpectInvalid(RmsNorm(st, x.t, w.t, 1e-6f,
-                        Tensor(x.t.data(), DType::kBF16, {3, 8})), "y");
+  ExpectInvalid(RmsNorm(st, x.t, w.t, 1e-6f, Tensor(x.t.data(), DType::kBF16, {3, 8})), "y");
   ExpectInvalid(AddRmsNorm(st, x.t, wide_res.t, w.t, 1e-6f, y.t), "residual");
   ExpectInvalid(AddRmsNorm(st, f16_x.t, res.t, w.t, 1e-6f, y.t), "x");
   ExpectInvalid(AddRmsNorm(st, x.t, res.t, short_w.t, 1e-6f, y.t), "weight");
@@ -232,7 +230,8 @@ TEST(SmallRowsGemmTest, MatchesReferenceAndIsIndependentOfTheBatch) {
     for (int64_t n : {1, 3, 4, 9, 37}) {
       for (int64_t rows = 1; rows <= host::kSmallGemmMaxRows; rows += (rows < 8 ? 1 : 5)) {
         const int64_t ldx = k + 3, ldy = n + 2;
-        const std::vector<float> x = testing::RandomFloats(static_cast<size_t>(rows * ldx), NextSeed());
+        const std::vector<float> x =
+            testing::RandomFloats(static_cast<size_t>(rows * ldx), NextSeed());
         const std::vector<float> w = testing::RandomFloats(static_cast<size_t>(n * k), NextSeed());
         std::vector<float> y(static_cast<size_t>(rows * ldy), -7.0f);
         host::SmallRowsGemmNT(rows, n, k, x.data(), ldx, w.data(), k, y.data(), ldy);
@@ -240,7 +239,8 @@ TEST(SmallRowsGemmTest, MatchesReferenceAndIsIndependentOfTheBatch) {
         for (int64_t m = 0; m < rows; ++m) {
           for (int64_t j = 0; j < n; ++j) {
             double acc = 0.0;
-            for (int64_t p = 0; p < k; ++p) acc += static_cast<double>(x[m * ldx + p]) * w[j * k + p];
+            for (int64_t p = 0; p < k; ++p)
+              acc += static_cast<double>(x[m * ldx + p]) * w[j * k + p];
             err = std::max(err, std::abs(acc - y[m * ldy + j]));
             ref = std::max(ref, std::abs(acc));
           }
@@ -250,8 +250,8 @@ TEST(SmallRowsGemmTest, MatchesReferenceAndIsIndependentOfTheBatch) {
         Record("small-rows gemm", err / std::max(ref, 1e-30));
         // The last row alone gives the same bits as inside the batch.
         std::vector<float> alone(static_cast<size_t>(n));
-        host::SmallRowsGemmNT(1, n, k, x.data() + (rows - 1) * ldx, ldx, w.data(), k,
-                              alone.data(), n);
+        host::SmallRowsGemmNT(1, n, k, x.data() + (rows - 1) * ldx, ldx, w.data(), k, alone.data(),
+                              n);
         EXPECT_EQ(std::memcmp(alone.data(), y.data() + (rows - 1) * ldy, n * sizeof(float)), 0)
             << rows << " x " << n << " x " << k;
       }
@@ -381,9 +381,9 @@ TEST(BasicOpsGraphTest, CaptureNamesKindsAndReplay) {
   ASSERT_OK(captured);
   ASSERT_OK(graph);
   const std::vector<std::pair<std::string, OpKind>> expected = {
-      {"embedding", OpKind::kKernel},    {"gather_rows", OpKind::kKernel},
-      {"rms_norm", OpKind::kKernel},     {"add_rms_norm", OpKind::kKernel},
-      {"linear", OpKind::kGemm},         {"silu_and_mul", OpKind::kKernel},
+      {"embedding", OpKind::kKernel}, {"gather_rows", OpKind::kKernel},
+      {"rms_norm", OpKind::kKernel},  {"add_rms_norm", OpKind::kKernel},
+      {"linear", OpKind::kGemm},      {"silu_and_mul", OpKind::kKernel},
       {"head_matmul", OpKind::kGemm}};
   const auto& nodes = (*graph)->nodes();
   ASSERT_EQ(nodes.size(), expected.size());

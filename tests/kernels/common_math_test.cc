@@ -198,8 +198,8 @@ TEST(RopeMathTest, YarnPiecesMatchTheSpec) {
 
 // One-pass double reference: out = sum softmax(scores)_j v_j and lse; masked
 // scores are -inf. Returns false when everything is masked.
-bool DoubleSoftmax(const std::vector<float>& scores, const std::vector<float>& values,
-                   double* out, double* lse) {
+bool DoubleSoftmax(const std::vector<float>& scores, const std::vector<float>& values, double* out,
+                   double* lse) {
   double m = -std::numeric_limits<double>::infinity();
   for (float s : scores) m = std::max<double>(m, s);
   if (m == -std::numeric_limits<double>::infinity()) return false;
@@ -487,8 +487,7 @@ TEST(SamplingMathTest, MassShiftKeepsEveryVocabularySumBelow2To62) {
     ASSERT_LE(shift, 61);
     // v * 2^shift < 2^62, and one more bit would not fit for the largest v
     // of the same bit length.
-    EXPECT_LT(static_cast<unsigned __int128>(v) << shift,
-              static_cast<unsigned __int128>(1) << 62)
+    EXPECT_LT(static_cast<unsigned __int128>(v) << shift, static_cast<unsigned __int128>(1) << 62)
         << v;
     int bits = 0;
     while ((int64_t{1} << bits) <= v) ++bits;
@@ -546,8 +545,7 @@ TEST(SamplingMathTest, TokenMassIsTheScaledExpOfTheShiftedLogit) {
   // Infinite temperature: every finite token weighs the same; the smallest
   // one (1/T = 7e44, finite in double): only the maximum weighs anything.
   EXPECT_EQ(SampleInvTemperature(kInf), 0.0);
-  EXPECT_EQ(SampleTokenMass(-50.0f, 2.0f, SampleInvTemperature(kInf), shift),
-            uint64_t{1} << shift);
+  EXPECT_EQ(SampleTokenMass(-50.0f, 2.0f, SampleInvTemperature(kInf), shift), uint64_t{1} << shift);
   const double inv_tiny = SampleInvTemperature(std::numeric_limits<float>::denorm_min());
   EXPECT_GT(inv_tiny, 1e44);
   EXPECT_EQ(SampleTokenMass(1.999f, 2.0f, inv_tiny, shift), 0u);
@@ -595,8 +593,8 @@ TEST(SamplingMathTest, TopPTargetIsTheCeilingOfTheShareClamped) {
 }
 
 TEST(SamplingMathTest, DrawTargetCoversOneToMassEvenly) {
-  for (uint64_t mass : {uint64_t{1}, uint64_t{2}, uint64_t{3}, uint64_t{1000},
-                        uint64_t{1} << 45, (uint64_t{1} << 62) - 1}) {
+  for (uint64_t mass : {uint64_t{1}, uint64_t{2}, uint64_t{3}, uint64_t{1000}, uint64_t{1} << 45,
+                        (uint64_t{1} << 62) - 1}) {
     EXPECT_EQ(SampleDrawTarget(0.0f, mass), 1u);
     const float u_max = 1.0f - 1.0f / 16777216.0f;
     const uint64_t top = SampleDrawTarget(u_max, mass);
@@ -762,7 +760,7 @@ Batch MakeBatch(int64_t rows, int64_t vocab, uint32_t seed) {
     std::normal_distribution<float> normal(0.0f, 1.0f + static_cast<float>(r % 5));
     for (int64_t v = 0; v < vocab; ++v) {
       float x = normal(rng);
-      if (shape == 1) x = std::round(x * 2.0f) / 2.0f;  // heavy ties
+      if (shape == 1) x = std::round(x * 2.0f) / 2.0f;    // heavy ties
       if (shape == 2) x = static_cast<float>(rng() % 3);  // three levels
       if (shape == 3 && rng() % 4 == 0) x = -kInf;        // masked vocabulary
       if (shape == 4 && rng() % 50 == 0) x = kNaN;        // stray NaNs
@@ -805,8 +803,8 @@ std::vector<int32_t> HostSample(const Batch& b) {
   std::memcpy(seeds.data<int64_t>(), b.seeds.data(), b.rows * sizeof(int64_t));
   std::memcpy(steps.data<int64_t>(), b.steps.data(), b.rows * sizeof(int64_t));
   for (int64_t r = 0; r < b.rows; ++r) out.data<int32_t>()[r] = -1;
-  const absl::Status st = Sample(testing::HostStream(), logits.t, temp.t, top_k.t, top_p.t,
-                                 seeds.t, steps.t, out.t);
+  const absl::Status st =
+      Sample(testing::HostStream(), logits.t, temp.t, top_k.t, top_p.t, seeds.t, steps.t, out.t);
   EXPECT_OK(st);
   return std::vector<int32_t>(out.data<int32_t>(), out.data<int32_t>() + b.rows);
 }
@@ -818,10 +816,9 @@ TEST(SamplingMathTest, RadixDescentPicksTheHostKernelsToken) {
     const Batch b = MakeBatch(rows, vocab, static_cast<uint32_t>(1000 + vocab));
     const std::vector<int32_t> host = HostSample(b);
     for (int64_t r = 0; r < rows; ++r) {
-      const int32_t emu =
-          EmuSample(b.logits.data() + r * vocab, static_cast<int>(vocab), b.temperature[r],
-                    b.top_k[r], b.top_p[r], static_cast<uint64_t>(b.seeds[r]),
-                    static_cast<uint64_t>(b.steps[r]));
+      const int32_t emu = EmuSample(
+          b.logits.data() + r * vocab, static_cast<int>(vocab), b.temperature[r], b.top_k[r],
+          b.top_p[r], static_cast<uint64_t>(b.seeds[r]), static_cast<uint64_t>(b.steps[r]));
       ASSERT_EQ(emu, host[r]) << "vocab " << vocab << " row " << r << " T " << b.temperature[r]
                               << " top_k " << b.top_k[r] << " top_p " << b.top_p[r];
       ASSERT_GE(host[r], 0);

@@ -82,7 +82,9 @@ YarnRef YarnReference(const RopeParams& p) {
   }
   return ref;
 }
-double GRef(double factor, double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
+double GRef(double factor, double m) {
+  return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0;
+}
 double SoftmaxScaleRef(int qk_head_dim, const RopeParams& p) {
   const double g = p.yarn ? GRef(p.factor, p.mscale_all_dim) : 1.0;
   return g * g / std::sqrt(static_cast<double>(qk_head_dim));

@@ -23,8 +23,7 @@ TEST(Sample, RejectsBadArguments) {
   Owned seeds = Make(DType::kI64, {2});
   Owned steps = Make(DType::kI64, {2});
   Owned out = Make(DType::kI32, {2});
-  EXPECT_OK(
-      Sample(HostStream(), logits.t, temp.t, top_k.t, top_p.t, seeds.t, steps.t, out.t));
+  EXPECT_OK(Sample(HostStream(), logits.t, temp.t, top_k.t, top_p.t, seeds.t, steps.t, out.t));
   Owned seeds32 = Make(DType::kI32, {2});
   absl::Status st =
       Sample(HostStream(), logits.t, temp.t, top_k.t, top_p.t, seeds32.t, steps.t, out.t);

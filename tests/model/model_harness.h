@@ -14,8 +14,8 @@
 
 #include "absl/status/statusor.h"
 #include "layers/deepseek_model.h"
-#include "runtime/core/status.h"
 #include "runtime/checkpoint/model_loader.h"
+#include "runtime/core/status.h"
 #include "tests/test_util.h"
 
 namespace mlag::testing {
@@ -32,7 +32,7 @@ class ModelHarness {
   };
 
   static absl::StatusOr<std::unique_ptr<ModelHarness>> Create(ModelSource& source,
-                                                             const Options& options) {
+                                                              const Options& options) {
     auto h = std::unique_ptr<ModelHarness>(new ModelHarness(options));
     ModelOptions mo;
     mo.max_tokens = options.max_tokens;
@@ -99,7 +99,8 @@ class ModelHarness {
         ++s.len;
         ++t;
       }
-      for (size_t j = 0; j < s.blocks.size(); ++j) block_table_.data<int32_t>()[b * mb + j] = s.blocks[j];
+      for (size_t j = 0; j < s.blocks.size(); ++j)
+        block_table_.data<int32_t>()[b * mb + j] = s.blocks[j];
       seq_lens_.data<int32_t>()[b] = s.len;
       qsl_.data<int32_t>()[b + 1] = t;
       logits_idx_.data<int32_t>()[b] = t - 1;

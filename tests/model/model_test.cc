@@ -5,20 +5,20 @@
 
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
-#include "tests/status_matchers.h"
 #include "runtime/checkpoint/builtin_models.h"
 #include "runtime/checkpoint/model_loader.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "tests/model/model_harness.h"
+#include "tests/status_matchers.h"
 
 namespace mlag {
 namespace {
@@ -27,8 +27,8 @@ using testing::ModelHarness;
 using testing::RelDiff;
 
 std::string TempDir(const std::string& name) {
-  std::string dir = ::testing::TempDir() + "mlag_model_test_" + name + "_" +
-                    std::to_string(::getpid());
+  std::string dir =
+      ::testing::TempDir() + "mlag_model_test_" + name + "_" + std::to_string(::getpid());
   std::string cmd = "rm -rf '" + dir + "'";
   (void)std::system(cmd.c_str());
   return dir;
@@ -104,8 +104,8 @@ TEST_P(ModelTest, ChunkedPrefillAndDecodeMatchOneShotPrefill) {
   std::vector<float> decoded = LogitsInChunks(*source, prompt, decode_steps);
   ASSERT_FALSE(once.empty());
   double chunk_err = RelDiff(chunked, once), decode_err = RelDiff(decoded, once);
-  std::printf("%s: chunked 10+14 rel_err %.3g, 1 + 23 decodes rel_err %.3g\n",
-              GetParam().c_str(), chunk_err, decode_err);
+  std::printf("%s: chunked 10+14 rel_err %.3g, 1 + 23 decodes rel_err %.3g\n", GetParam().c_str(),
+              chunk_err, decode_err);
   EXPECT_LT(chunk_err, 1e-4);
   EXPECT_LT(decode_err, 1e-4);
 }
@@ -180,9 +180,10 @@ class MalformedCheckpointTest : public ::testing::Test {
         ASSERT_OK(w.Add(n, t->dtype, shape, t->data));
       }
     }
-    ASSERT_EQ(std::system(("mkdir -p '" + dir + "' && cp '" + good_ + "/config.json' '" + dir +
-                           "/'").c_str()),
-              0);
+    ASSERT_EQ(
+        std::system(
+            ("mkdir -p '" + dir + "' && cp '" + good_ + "/config.json' '" + dir + "/'").c_str()),
+        0);
     ASSERT_OK(w.Write(dir + "/model.safetensors"));
   }
 

@@ -99,7 +99,9 @@ Vec RmsNorm(const Vec& x, const Vec& w, double eps) {
 }
 
 // yarn_get_mscale(F, m) of modeling_deepseek.py.
-double YarnG(double factor, double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
+double YarnG(double factor, double m) {
+  return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0;
+}
 
 // inv_freq[i], i < dr/2, from modeling_deepseek.py's YaRN formulas.
 Vec ReferenceInvFreq(const ModelConfig& c) {
@@ -181,7 +183,8 @@ Routing Route(const ModelConfig& c, const Vec& l, const Vec& bias, double* margi
     choice = s;
   } else {
     for (int e = 0; e < E; ++e) s[e] = 1.0 / (1.0 + std::exp(-l[e]));
-    for (int e = 0; e < E; ++e) choice[e] = s[e] + (c.topk_method == TopkMethod::kNoauxTc ? bias[e] : 0.0);
+    for (int e = 0; e < E; ++e)
+      choice[e] = s[e] + (c.topk_method == TopkMethod::kNoauxTc ? bias[e] : 0.0);
   }
   if (c.topk_method == TopkMethod::kGroupLimitedGreedy || c.topk_method == TopkMethod::kNoauxTc) {
     const int G = c.n_group, per = E / G;
@@ -267,8 +270,8 @@ class ReferenceModel {
       L.kv_a_norm = vec(a + "kv_a_layernorm.weight", R);
       L.kv_b = mat(a + "kv_b_proj.weight", H * (c_.qk_nope_head_dim + c_.v_head_dim), R);
       L.o = mat(a + "o_proj.weight", D, H * c_.v_head_dim);
-      L.moe = i >= c_.first_k_dense_replace && i % c_.moe_layer_freq == 0 &&
-              c_.n_routed_experts > 0;
+      L.moe =
+          i >= c_.first_k_dense_replace && i % c_.moe_layer_freq == 0 && c_.n_routed_experts > 0;
       if (L.moe) {
         const int64_t E = c_.n_routed_experts, Im = c_.moe_intermediate_size;
         L.router = mat(p + "mlp.gate.weight", E, D);

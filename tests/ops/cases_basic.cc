@@ -45,8 +45,8 @@ std::string Name(const NormCase& c) {
 
 std::vector<NormCase> NormCases() {
   std::vector<NormCase> cases;
-  const DType combos[][3] = {{kF32, kF32, kF32}, {kBF16, kBF16, kBF16}, {kBF16, kF32, kF32},
-                             {kF32, kBF16, kBF16}};
+  const DType combos[][3] = {
+      {kF32, kF32, kF32}, {kBF16, kBF16, kBF16}, {kBF16, kF32, kF32}, {kF32, kBF16, kBF16}};
   int shape = 0;
   for (int64_t rows : {1, 3, 17}) {
     for (int64_t dim : {7, 64, 129}) {
@@ -97,8 +97,9 @@ void RmsNormCase(Context& ctx, const NormCase& c) {
   ctx.Randomize(w, 0.6, 1.4);
   const std::vector<double> xv = x.Values(), wv = w.Values();
   Buf& y = c.in_place ? x : ctx.Output("y", c.y, {c.rows, c.dim}, c.pad + 1);
-  ctx.RunOp({&y}, [&](Stream& s) { return RmsNorm(s, x.t, w.t, c.eps, y.t); }, true,
-            c.in_place ? std::initializer_list<Buf*>{&x} : std::initializer_list<Buf*>{});
+  ctx.RunOp(
+      {&y}, [&](Stream& s) { return RmsNorm(s, x.t, w.t, c.eps, y.t); }, true,
+      c.in_place ? std::initializer_list<Buf*>{&x} : std::initializer_list<Buf*>{});
   std::vector<double> want;
   for (int64_t r = 0; r < c.rows; ++r) RefNormRow(Row(xv, r, c.dim), wv, c.eps, c.x, c.y, &want);
   ctx.ExpectClose(y, want, NormTolerance(c.x));
@@ -118,17 +119,19 @@ void AddRmsNormCase(Context& ctx, const NormCase& c) {
   ctx.Randomize(w, 0.6, 1.4);
   const std::vector<double> xv = x.Values(), rv = residual.Values(), wv = w.Values();
   Buf& y = in_place ? x : ctx.Output("y", c.y, {c.rows, c.dim}, c.pad);
-  ctx.RunOp({&y, &residual},
-            [&](Stream& s) { return AddRmsNorm(s, x.t, residual.t, w.t, c.eps, y.t); }, true,
-            in_place ? std::initializer_list<Buf*>{&x, &residual}
-                     : std::initializer_list<Buf*>{&residual});
+  ctx.RunOp(
+      {&y, &residual}, [&](Stream& s) { return AddRmsNorm(s, x.t, residual.t, w.t, c.eps, y.t); },
+      true,
+      in_place ? std::initializer_list<Buf*>{&x, &residual}
+               : std::initializer_list<Buf*>{&residual});
   // residual += x in the residual's dtype (the f32 sum, rounded once).
   std::vector<double> sum(rv.size());
   for (size_t i = 0; i < rv.size(); ++i) {
     sum[i] = RoundTo(res_dtype, static_cast<float>(rv[i]) + static_cast<float>(xv[i]));
   }
   std::vector<double> want;
-  for (int64_t r = 0; r < c.rows; ++r) RefNormRow(Row(sum, r, c.dim), wv, c.eps, res_dtype, c.y, &want);
+  for (int64_t r = 0; r < c.rows; ++r)
+    RefNormRow(Row(sum, r, c.dim), wv, c.eps, res_dtype, c.y, &want);
   ctx.ExpectClose(residual, sum, Tolerance::Exact());
   ctx.ExpectClose(y, want, NormTolerance(res_dtype));
 }
@@ -171,7 +174,8 @@ void GatherCaseRun(Context& ctx, const GatherCase& c, bool embedding) {
     ids[static_cast<size_t>(c.rows - 1)] = c.table_rows;
     ids[1] = ids[2];
   }
-  for (int64_t t = 0; t < c.rows; ++t) indices.Set(t, static_cast<double>(ids[static_cast<size_t>(t)]));
+  for (int64_t t = 0; t < c.rows; ++t)
+    indices.Set(t, static_cast<double>(ids[static_cast<size_t>(t)]));
   ctx.Upload(indices);
   Buf& table = ctx.Make("table", c.table_dtype, {c.table_rows, c.dim}, 2 * c.pad, c.pad);
   ctx.Randomize(table);
@@ -187,7 +191,8 @@ void GatherCaseRun(Context& ctx, const GatherCase& c, bool embedding) {
     const bool in_range = id >= 0 && id < c.table_rows;
     for (int64_t i = 0; i < c.dim; ++i) {
       // Out of range: a row of zeros, never a read out of bounds.
-      want.push_back(in_range ? RoundTo(c.out_dtype, tv[static_cast<size_t>(id * c.dim + i)]) : 0.0);
+      want.push_back(in_range ? RoundTo(c.out_dtype, tv[static_cast<size_t>(id * c.dim + i)])
+                              : 0.0);
     }
   }
   ctx.ExpectClose(out, want, Tolerance::Exact());
@@ -241,7 +246,8 @@ void RopeCaseRun(Context& ctx, const RopeCase& c) {
     if (position < 0 || position >= positions) return;
     for (int64_t i = 0; i < c.dr / 2; ++i) {
       // The angle as the kernels take it: f32(p) * inv_freq[i], in f32.
-      const double angle = static_cast<float>(static_cast<float>(position) * inv[static_cast<size_t>(i)]);
+      const double angle =
+          static_cast<float>(static_cast<float>(position) * inv[static_cast<size_t>(i)]);
       const double cs = std::cos(angle) * scale, sn = std::sin(angle) * scale;
       const double x0 = x[base + 2 * i], x1 = x[base + 2 * i + 1];
       x[base + 2 * i] = x0 * cs - x1 * sn;
@@ -286,7 +292,8 @@ void ElementwiseCase(Context& ctx, DType dtype, int64_t n) {
   ctx.RunOp({&scaled}, [&](Stream& s) { return Scale(s, a.t, -0.37f, scaled.t); });
   Buf& filled = ctx.Output("fill 2.75", dtype, {n});
   ctx.RunOp({&filled}, [&](Stream& s) { return Fill(s, filled.t, 2.75); });
-  std::vector<double> want_sum, want_scaled, want_fill(static_cast<size_t>(n), RoundTo(dtype, 2.75));
+  std::vector<double> want_sum, want_scaled,
+      want_fill(static_cast<size_t>(n), RoundTo(dtype, 2.75));
   for (size_t i = 0; i < av.size(); ++i) {
     // f32 arithmetic rounded once: exact against the same in double.
     want_sum.push_back(RoundTo(dtype, static_cast<float>(av[i]) + static_cast<float>(bv[i])));
@@ -335,23 +342,27 @@ void AddBasicCases(CaseList& cases) {
   cases.Add("silu_and_mul", "300x1408 bf16->bf16",
             [](Context& ctx) { SiluAndMulCase(ctx, 300, 1408, kBF16, kBF16, 0); });
   const GatherCase gathers[] = {
-      {1, 5, 7, DType::kI32, kF32, kF32, 0},     {3, 11, 64, DType::kI64, kBF16, kBF16, 3},
+      {1, 5, 7, DType::kI32, kF32, kF32, 0},      {3, 11, 64, DType::kI64, kBF16, kBF16, 3},
       {17, 33, 129, DType::kI32, kBF16, kF32, 1}, {17, 9, 7, DType::kI64, kF32, kBF16, 2},
-      {3, 4, 129, DType::kI32, kF16, kF32, 0},   {40, 1000, 2048, DType::kI32, kBF16, kF32, 0},
+      {3, 4, 129, DType::kI32, kF16, kF32, 0},    {40, 1000, 2048, DType::kI32, kBF16, kF32, 0},
   };
   for (const GatherCase& c : gathers) {
-    const std::string name = absl::StrCat(c.rows, " of ", c.table_rows, "x", c.dim, " ",
-                                          Str(c.index_dtype), " ", Str(c.table_dtype), "->",
-                                          Str(c.out_dtype), " pad ", c.pad);
+    const std::string name =
+        absl::StrCat(c.rows, " of ", c.table_rows, "x", c.dim, " ", Str(c.index_dtype), " ",
+                     Str(c.table_dtype), "->", Str(c.out_dtype), " pad ", c.pad);
     cases.Add("gather_rows", name, [c](Context& ctx) { GatherCaseRun(ctx, c, false); });
     cases.Add("embedding", name, [c](Context& ctx) { GatherCaseRun(ctx, c, true); });
   }
-  const RopeCase ropes[] = {{1, 1, 2, false}, {5, 3, 16, true}, {33, 16, 64, true},
-                            {7, 128, 64, true}, {200, 2, 32, false}};
+  const RopeCase ropes[] = {{1, 1, 2, false},
+                            {5, 3, 16, true},
+                            {33, 16, 64, true},
+                            {7, 128, 64, true},
+                            {200, 2, 32, false}};
   for (const RopeCase& c : ropes) {
-    cases.Add("apply_rope",
-              absl::StrCat(c.tokens, " tokens ", c.heads, " heads dr ", c.dr, c.yarn ? " yarn" : ""),
-              [c](Context& ctx) { RopeCaseRun(ctx, c); });
+    cases.Add(
+        "apply_rope",
+        absl::StrCat(c.tokens, " tokens ", c.heads, " heads dr ", c.dr, c.yarn ? " yarn" : ""),
+        [c](Context& ctx) { RopeCaseRun(ctx, c); });
   }
   for (DType dtype : {kF32, kBF16, kF16}) {
     for (int64_t n : {1, 1000, 4099}) {
@@ -362,7 +373,8 @@ void AddBasicCases(CaseList& cases) {
               [=](Context& ctx) { CopyCase(ctx, dtype, 5, 7, 2, 5); });
   }
   cases.Add("copy", "i32 1x300", [](Context& ctx) { CopyCase(ctx, DType::kI32, 1, 300, 0, 0); });
-  cases.Add("copy", "i64 33x3 strided", [](Context& ctx) { CopyCase(ctx, DType::kI64, 33, 3, 1, 4); });
+  cases.Add("copy", "i64 33x3 strided",
+            [](Context& ctx) { CopyCase(ctx, DType::kI64, 33, 3, 1, 4); });
   for (DType dtype : {DType::kI32, DType::kI64}) {
     cases.Add("fill", Str(dtype), [=](Context& ctx) { FillIntsCase(ctx, dtype); });
   }

@@ -27,7 +27,8 @@ void LinearCase(Context& ctx, int64_t rows, int64_t in, int64_t out, int64_t x_p
   for (int64_t t = 0; t < rows; ++t) {
     for (int64_t o = 0; o < out; ++o) {
       double acc = 0.0;
-      for (int64_t k = 0; k < in; ++k) acc += xv[static_cast<size_t>(t * in + k)] * wv[static_cast<size_t>(o * in + k)];
+      for (int64_t k = 0; k < in; ++k)
+        acc += xv[static_cast<size_t>(t * in + k)] * wv[static_cast<size_t>(o * in + k)];
       want.push_back(acc);
     }
   }
@@ -43,9 +44,10 @@ struct HeadCase {
 
 void HeadMatmulCase(Context& ctx, const HeadCase& c, bool transpose_w) {
   const int64_t row = c.k + c.x_pad + 1;
-  Buf& x = c.head_major
-               ? ctx.MakeStrided("x", DType::kF32, {c.rows, c.heads, c.k}, {row, c.rows * row, 1}, c.x_pad, 1)
-               : ctx.MakeStrided("x", DType::kF32, {c.rows, c.heads, c.k}, {c.heads * row, row, 1}, c.x_pad, 1);
+  Buf& x = c.head_major ? ctx.MakeStrided("x", DType::kF32, {c.rows, c.heads, c.k},
+                                          {row, c.rows * row, 1}, c.x_pad, 1)
+                        : ctx.MakeStrided("x", DType::kF32, {c.rows, c.heads, c.k},
+                                          {c.heads * row, row, 1}, c.x_pad, 1);
   ctx.Randomize(x);
   Buf& w = transpose_w ? ctx.Make("weight", DType::kF32, {c.heads, c.n, c.k})
                        : ctx.Make("weight", DType::kF32, {c.heads, c.k, c.n});
@@ -84,14 +86,15 @@ void AddLinearCases(CaseList& cases) {
     }
   }
   const HeadCase heads[] = {
-      {1, 1, 7, 9, 0, 0, false},    {1, 5, 32, 24, 3, 1, false}, {3, 2, 33, 65, 1, 0, true},
+      {1, 1, 7, 9, 0, 0, false},    {1, 5, 32, 24, 3, 1, false},   {3, 2, 33, 65, 1, 0, true},
       {17, 5, 7, 129, 2, 2, false}, {17, 3, 129, 129, 0, 1, true}, {33, 3, 19, 24, 2, 3, false},
   };
   for (const HeadCase& c : heads) {
     for (bool transpose_w : {false, true}) {
       cases.Add("head_matmul",
-                absl::StrCat(c.rows, " tokens ", c.heads, " heads ", c.k, "x", c.n, " pads ", c.x_pad,
-                             " ", c.out_pad, c.head_major ? " head-major" : "", transpose_w ? " W^T" : " W"),
+                absl::StrCat(c.rows, " tokens ", c.heads, " heads ", c.k, "x", c.n, " pads ",
+                             c.x_pad, " ", c.out_pad, c.head_major ? " head-major" : "",
+                             transpose_w ? " W^T" : " W"),
                 [=](Context& ctx) { HeadMatmulCase(ctx, c, transpose_w); });
     }
   }

@@ -59,19 +59,30 @@ namespace {
 
 double LoadElement(DType dtype, const uint8_t* base, int64_t i) {
   switch (dtype) {
-    case DType::kI32: return reinterpret_cast<const int32_t*>(base)[i];
-    case DType::kI64: return static_cast<double>(reinterpret_cast<const int64_t*>(base)[i]);
-    case DType::kU8: return base[i];
-    default: return LoadAsF32(dtype, base, static_cast<size_t>(i));
+    case DType::kI32:
+      return reinterpret_cast<const int32_t*>(base)[i];
+    case DType::kI64:
+      return static_cast<double>(reinterpret_cast<const int64_t*>(base)[i]);
+    case DType::kU8:
+      return base[i];
+    default:
+      return LoadAsF32(dtype, base, static_cast<size_t>(i));
   }
 }
 
 void StoreElement(DType dtype, uint8_t* base, int64_t i, double v) {
   switch (dtype) {
-    case DType::kI32: reinterpret_cast<int32_t*>(base)[i] = static_cast<int32_t>(v); break;
-    case DType::kI64: reinterpret_cast<int64_t*>(base)[i] = static_cast<int64_t>(v); break;
-    case DType::kU8: base[i] = static_cast<uint8_t>(v); break;
-    default: StoreFromF32(dtype, base, static_cast<size_t>(i), static_cast<float>(v));
+    case DType::kI32:
+      reinterpret_cast<int32_t*>(base)[i] = static_cast<int32_t>(v);
+      break;
+    case DType::kI64:
+      reinterpret_cast<int64_t*>(base)[i] = static_cast<int64_t>(v);
+      break;
+    case DType::kU8:
+      base[i] = static_cast<uint8_t>(v);
+      break;
+    default:
+      StoreFromF32(dtype, base, static_cast<size_t>(i), static_cast<float>(v));
   }
 }
 
@@ -104,10 +115,14 @@ void Buf::Set(int64_t i, double v) {
 double RoundTo(DType dtype, double v) {
   const float f = static_cast<float>(v);
   switch (dtype) {
-    case DType::kBF16: return Bf16ToF32(F32ToBf16(f));
-    case DType::kF16: return F16ToF32(F32ToF16(f));
-    case DType::kF32: return f;
-    default: return v;
+    case DType::kBF16:
+      return Bf16ToF32(F32ToBf16(f));
+    case DType::kF16:
+      return F16ToF32(F32ToF16(f));
+    case DType::kF32:
+      return f;
+    default:
+      return v;
   }
 }
 
@@ -140,8 +155,8 @@ Buf& Context::MakeStrided(const std::string& name, DType dtype, std::vector<int6
   b->strides = strides;
   b->host.assign(static_cast<size_t>(b->span) * b->esize(), 0xff);
   b->device_buffer = backend_.device().Allocate(std::max<size_t>(b->host.size(), 1)).value();
-  b->t = Tensor::Strided(static_cast<uint8_t*>(b->device_buffer.data()) + offset * b->esize(), dtype,
-                         shape, strides, backend_.device().kind());
+  b->t = Tensor::Strided(static_cast<uint8_t*>(b->device_buffer.data()) + offset * b->esize(),
+                         dtype, shape, strides, backend_.device().kind());
   bufs_.push_back(std::move(b));
   Buf& out = *bufs_.back();
   Poison(out);
@@ -199,7 +214,8 @@ void Context::RunOp(std::initializer_list<Buf*> outputs,
       bool restored = false;
       for (auto& [buf, bytes] : before) {
         if (buf == b) {
-          ASSERT_OK(backend_.device().CopyFromHost(b->device_buffer.data(), bytes.data(), bytes.size()));
+          ASSERT_OK(
+              backend_.device().CopyFromHost(b->device_buffer.data(), bytes.data(), bytes.size()));
           restored = true;
         }
       }
@@ -289,7 +305,8 @@ void Context::ExpectClose(const Buf& out, const std::vector<double>& want, const
   } else {
     EXPECT_LE(max_err / scale, tol.f32) << "normwise relative error";
     EXPECT_EQ(over, 0) << "elements beyond the rounding-flip bound, or infinities that differ";
-    EXPECT_LE(flipped, 1 + static_cast<int64_t>(tol.flip_fraction * static_cast<double>(elems.size())))
+    EXPECT_LE(flipped,
+              1 + static_cast<int64_t>(tol.flip_fraction * static_cast<double>(elems.size())))
         << "elements moved by a bf16 rounding flip";
   }
   ExpectOutsideUnchanged(out, bytes);
@@ -353,11 +370,12 @@ int main(int argc, char** argv) {
   for (const char* backend : {"host", "cuda"}) {
     for (const OpCase& c : cases.cases()) {
       std::string name = c.name;
-      std::replace_if(name.begin(), name.end(), [](char ch) { return !std::isalnum(static_cast<unsigned char>(ch)); }, '_');
-      ::testing::RegisterTest((std::string(backend) + "/" + c.op).c_str(), name.c_str(), nullptr,
-                              nullptr, __FILE__, __LINE__, [backend, &c]() -> ::testing::Test* {
-                                return new OpCaseTest(backend, &c);
-                              });
+      std::replace_if(
+          name.begin(), name.end(),
+          [](char ch) { return !std::isalnum(static_cast<unsigned char>(ch)); }, '_');
+      ::testing::RegisterTest(
+          (std::string(backend) + "/" + c.op).c_str(), name.c_str(), nullptr, nullptr, __FILE__,
+          __LINE__, [backend, &c]() -> ::testing::Test* { return new OpCaseTest(backend, &c); });
     }
   }
   const int rc = RUN_ALL_TESTS();

@@ -90,9 +90,9 @@ struct Tolerance {
 struct Buf {
   std::string name;
   DType dtype = DType::kF32;
-  int64_t span = 0;            // elements in the buffer
-  std::vector<uint8_t> host;   // span * element size bytes
-  int64_t offset = 0;          // element index of the view's first element
+  int64_t span = 0;           // elements in the buffer
+  std::vector<uint8_t> host;  // span * element size bytes
+  int64_t offset = 0;         // element index of the view's first element
   std::vector<int64_t> shape, strides;
   Buffer device_buffer;
   Tensor t;  // the view, on the backend's device
@@ -191,7 +191,8 @@ class CaseList {
 };
 
 // The case families (one file each).
-void AddBasicCases(CaseList& cases);     // cases_basic.cc: norms, activation, embedding, rope, elementwise
+void AddBasicCases(
+    CaseList& cases);  // cases_basic.cc: norms, activation, embedding, rope, elementwise
 void AddLinearCases(CaseList& cases);    // cases_linear.cc: linear, head matmul
 void AddMlaCases(CaseList& cases);       // cases_mla.cc: kv_update, decode, prefill
 void AddMoeCases(CaseList& cases);       // cases_moe.cc: route, experts

@@ -1,5 +1,7 @@
 // The executor on the host: graphs vs eager, per-size graphs, dummy runs that
 // leave live KV pages alone, padding, prefix caching, preemption, validation.
+#include "runtime/engine/engine.h"
+
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -8,7 +10,6 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/status_matchers.h"
-#include "runtime/engine/engine.h"
 
 namespace mlag {
 namespace {
@@ -238,8 +239,8 @@ TEST(EngineTest, PaddedRowsWriteNoKvAndAreDropped) {
     if (std::find(own.begin(), own.end(), b) == own.end()) others.push_back(b);
   }
   const auto others_before = runner.BlockChecksums(others).value();
-  const int64_t replays_before = runner.stats().graph_replays.count(8)
-                                     ? runner.stats().graph_replays.at(8) : 0;
+  const int64_t replays_before =
+      runner.stats().graph_replays.count(8) ? runner.stats().graph_replays.at(8) : 0;
   auto out = engine->Step().value();
   EXPECT_TRUE(out.replayed);
   EXPECT_EQ(out.padded_size, 8);

@@ -2,6 +2,8 @@
 // the single-rank engine, live reconfiguration 4 -> 2 -> 3 that leaves every
 // KV page alone, expert weights after migration equal to a fresh load, and a
 // rank failing mid-run failing the whole group at once.
+#include "runtime/engine/expert_parallel.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -13,9 +15,8 @@
 #include "comm/local_communicator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/status_matchers.h"
 #include "runtime/checkpoint/builtin_models.h"
-#include "runtime/engine/expert_parallel.h"
+#include "tests/status_matchers.h"
 
 namespace mlag {
 namespace {
@@ -107,8 +108,8 @@ TEST_P(ExpertParallelTest, SameTokensAndLogitsAsOneRank) {
         worst = std::max(worst, LogprobRelDiff(got.logprobs[t], single.requests[i].logprobs[t]));
       }
     }
-    std::printf("%s ep=%d: max logits rel diff %.3g, %lld dummy steps\n", GetParam().c_str(),
-                world, worst, static_cast<long long>(result->dummy_steps));
+    std::printf("%s ep=%d: max logits rel diff %.3g, %lld dummy steps\n", GetParam().c_str(), world,
+                worst, static_cast<long long>(result->dummy_steps));
     EXPECT_LT(worst, 1e-5) << "world " << world;
     if (world == 4) {
       EXPECT_GT(result->dummy_steps, 0) << "some rank should idle while others work";
@@ -312,12 +313,12 @@ TEST(ExpertParallelFailureTest, OneRankFailingMidRunFailsTheGroupAtOnce) {
   const absl::Duration took = absl::Now() - start;
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted) << result.status();
-  EXPECT_TRUE(absl::StrContains(result.status().message(), "rank 1"))
-      << result.status();
+  EXPECT_TRUE(absl::StrContains(result.status().message(), "rank 1")) << result.status();
   EXPECT_TRUE(absl::StrContains(result.status().message(), "injected allocation failure"))
       << result.status();
   EXPECT_LT(took, absl::Seconds(20)) << "the peers waited for the timeout instead";
-  std::printf("  %s after %s\n", result.status().ToString().c_str(), absl::FormatDuration(took).c_str());
+  std::printf("  %s after %s\n", result.status().ToString().c_str(),
+              absl::FormatDuration(took).c_str());
 }
 
 }  // namespace
@@ -332,8 +333,9 @@ namespace {
 void ExpectEveryRankEndsNamed(const std::vector<absl::Status>& ranks, absl::Duration took,
                               absl::Duration bound) {
   ASSERT_EQ(ranks.size(), 4u);
-  EXPECT_THAT(ranks[1], ::mlag::testing::StatusIs(absl::StatusCode::kInternal,
-                                                   ::testing::HasSubstr("injected failure at step 5")));
+  EXPECT_THAT(ranks[1],
+              ::mlag::testing::StatusIs(absl::StatusCode::kInternal,
+                                        ::testing::HasSubstr("injected failure at step 5")));
   for (int r : {0, 2, 3}) {
     SCOPED_TRACE(r);
     ASSERT_FALSE(ranks[r].ok());
@@ -361,7 +363,8 @@ TEST(ExpertParallelFailureTest, AFailedAndAHungRankEndEveryRankWithANamedError) 
   const absl::Duration took = absl::Now() - start;
   EXPECT_FALSE(result.ok());
   ExpectEveryRankEndsNamed(ranks, took, absl::Seconds(30));
-  for (size_t r = 0; r < ranks.size(); ++r) std::printf("  rank %zu: %s\n", r, ranks[r].ToString().c_str());
+  for (size_t r = 0; r < ranks.size(); ++r)
+    std::printf("  rank %zu: %s\n", r, ranks[r].ToString().c_str());
 }
 
 // Only a hang: the ranks waiting on it give up after the timeout

@@ -10,9 +10,9 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/status_matchers.h"
 #include "runtime/engine/block_pool.h"
 #include "runtime/engine/kv_cache_manager.h"
+#include "tests/status_matchers.h"
 
 namespace mlag {
 namespace {

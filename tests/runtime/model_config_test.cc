@@ -11,8 +11,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/status_matchers.h"
 #include "runtime/checkpoint/model_config_json.h"
+#include "tests/status_matchers.h"
 
 namespace mlag {
 namespace {

@@ -1,7 +1,6 @@
 // safetensors reader/writer and checkpoint directories: round trips, sharding,
 // and every malformed input giving a Status that names the file (and tensor).
 #include "runtime/checkpoint/safetensors.h"
-#include "runtime/core/file.h"
 
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -20,6 +19,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/core/file.h"
 #include "tests/status_matchers.h"
 
 namespace mlag {

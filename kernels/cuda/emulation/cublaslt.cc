@@ -4,6 +4,8 @@
 // library enforces and the emulation checks: consistent layouts, device
 // pointers on the stream's device, no heuristic query while the calling
 // thread captures.
+#include "kernels/cuda/emulation/include/cublasLt.h"
+
 #include <cblas.h>
 
 #include <cstring>
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "kernels/cuda/emulation/emulated_runtime.h"
-#include "kernels/cuda/emulation/include/cublasLt.h"
 #include "runtime/core/scalar_types.h"
 
 struct cublasLtContext {
@@ -50,9 +51,7 @@ bool IsFloatType(cudaDataType_t t) {
   return t == CUDA_R_32F || t == CUDA_R_16BF || t == CUDA_R_16F;
 }
 
-size_t TypeBytes(cudaDataType_t t) {
-  return t == CUDA_R_32F ? 4 : t == CUDA_R_8F_E4M3 ? 1 : 2;
-}
+size_t TypeBytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : t == CUDA_R_8F_E4M3 ? 1 : 2; }
 
 // Elements a layout spans, batches included.
 size_t Span(const cublasLtMatrixLayoutOpaque& l) {
@@ -80,28 +79,44 @@ const float* AsF32(const void* base, const cublasLtMatrixLayoutOpaque& l, int b,
 
 const char* cublasLtGetStatusName(cublasStatus_t status) {
   switch (status) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
-    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
   }
   return "CUBLAS_STATUS_UNKNOWN";
 }
 
 const char* cublasLtGetStatusString(cublasStatus_t status) {
   switch (status) {
-    case CUBLAS_STATUS_SUCCESS: return "success";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "the library was not initialized";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "the resource allocation failed";
-    case CUBLAS_STATUS_INVALID_VALUE: return "an invalid numeric value was used as an argument";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "an absent device architectural feature is required";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "the GPU program failed to execute";
-    case CUBLAS_STATUS_INTERNAL_ERROR: return "an internal operation failed";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported";
+    case CUBLAS_STATUS_SUCCESS:
+      return "success";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "the library was not initialized";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "the resource allocation failed";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "an invalid numeric value was used as an argument";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "an absent device architectural feature is required";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "the GPU program failed to execute";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "an internal operation failed";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "the functionality requested is not supported";
   }
   return "unknown status";
 }
@@ -140,8 +155,8 @@ cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
 }
 
 cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
-                                              cublasLtMatmulDescAttributes_t attr,
-                                              const void* buf, size_t size) {
+                                              cublasLtMatmulDescAttributes_t attr, const void* buf,
+                                              size_t size) {
   if (desc == nullptr || buf == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
   switch (attr) {
     case CUBLASLT_MATMUL_DESC_TRANSA:
@@ -224,7 +239,7 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
       std::memcpy(&align, buf, size);
       // Powers of two from 4 bytes (an f32 element); nothing else is valid.
       return align >= 4 && (align & (align - 1)) == 0 ? CUBLAS_STATUS_SUCCESS
-                                                        : CUBLAS_STATUS_INVALID_VALUE;
+                                                      : CUBLAS_STATUS_INVALID_VALUE;
     }
   }
   return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -285,12 +300,12 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
   return CUBLAS_STATUS_SUCCESS;
 }
 
-cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
-                              const void* alpha, const void* a, cublasLtMatrixLayout_t a_desc,
-                              const void* b, cublasLtMatrixLayout_t b_desc, const void* beta,
-                              const void* c, cublasLtMatrixLayout_t c_desc, void* d,
-                              cublasLtMatrixLayout_t d_desc, const cublasLtMatmulAlgo_t* algo,
-                              void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void* alpha,
+                              const void* a, cublasLtMatrixLayout_t a_desc, const void* b,
+                              cublasLtMatrixLayout_t b_desc, const void* beta, const void* c,
+                              cublasLtMatrixLayout_t c_desc, void* d, cublasLtMatrixLayout_t d_desc,
+                              const cublasLtMatmulAlgo_t* algo, void* workspace,
+                              size_t workspace_bytes, cudaStream_t stream) {
   if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (alpha == nullptr || beta == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
   if (algo == nullptr) {
@@ -323,10 +338,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
       size_t bytes;
       const char* name;
     } operands[] = {
-        {a, Span(la) * TypeBytes(la.type), "A"},
-        {b, Span(lb) * TypeBytes(lb.type), "B"},
-        {c, beta_v != 0.0f ? Span(lc) * 4 : 0, "C"},
-        {d, Span(ld) * 4, "D"},
+        {a, Span(la) * TypeBytes(la.type), "A"},     {b, Span(lb) * TypeBytes(lb.type), "B"},
+        {c, beta_v != 0.0f ? Span(lc) * 4 : 0, "C"}, {d, Span(ld) * 4, "D"},
         {workspace, workspace_bytes, "workspace"},
     };
     for (const Operand& o : operands) {
@@ -339,8 +352,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     }
     std::vector<float> a32, b32;
     for (int32_t batch = 0; batch < p.batch; ++batch) {
-      float* out = static_cast<float*>(d) + static_cast<size_t>(batch) * static_cast<size_t>(ld.stride);
-      const float* in_c = static_cast<const float*>(c) + static_cast<size_t>(batch) * static_cast<size_t>(lc.stride);
+      float* out =
+          static_cast<float*>(d) + static_cast<size_t>(batch) * static_cast<size_t>(ld.stride);
+      const float* in_c = static_cast<const float*>(c) +
+                          static_cast<size_t>(batch) * static_cast<size_t>(lc.stride);
       // D starts as beta * C (exactly 0 when beta is 0: stale D, even NaN,
       // must not leak in), then sgemm adds alpha op(A) op(B).
       for (uint64_t col = 0; col < p.n; ++col) {

@@ -165,8 +165,8 @@ struct Fiber {
   char* stack = nullptr;  // from the stack pool
   unsigned tid = 0;
   bool done = false;
-  std::vector<PendingCopy> open_group;                 // issued, not committed
-  std::deque<std::vector<PendingCopy>> committed;      // oldest first
+  std::vector<PendingCopy> open_group;             // issued, not committed
+  std::deque<std::vector<PendingCopy>> committed;  // oldest first
 };
 
 // One block in flight: its fibers, the run queue and the barriers.
@@ -274,8 +274,8 @@ void WarpCollective(const char* op, Deposit deposit, Compute compute) {
   if (++w.arrived == 32) {
     for (int l = 0; l < 32; ++l) {
       if (std::strcmp(ex.op[l], op) != 0) {
-        std::fprintf(stderr, "cuda emulation: warp %u: lane %d is in %s, lane %u in %s\n", warp,
-                     l, ex.op[l], lane, op);
+        std::fprintf(stderr, "cuda emulation: warp %u: lane %d is in %s, lane %u in %s\n", warp, l,
+                     ex.op[l], lane, op);
         Fail("the lanes of a warp reached different warp collectives");
       }
     }
@@ -375,8 +375,8 @@ auto Launcher(Kernel* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t s
   return [kernel, grid, block, smem, stream, name](auto... args) {
     const int limit = MaxDynamicSmem(reinterpret_cast<const void*>(kernel));
     if (block.x == 0 || block.x > 1024 || block.y != 1 || block.z != 1 || grid.x == 0 ||
-        grid.x > 0x7fffffffu || grid.y == 0 || grid.z == 0 || grid.y > 65535 ||
-        grid.z > 65535 || smem > static_cast<size_t>(limit)) {
+        grid.x > 0x7fffffffu || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 ||
+        smem > static_cast<size_t>(limit)) {
       SetLastError(cudaErrorInvalidConfiguration);
       return;
     }
@@ -458,7 +458,8 @@ inline float Bf16Half(uint32_t w, int half) { return half == 0 ? Bf16Lo(w) : Bf1
 //   C, D (16 x 8 f32): c0,c1: (groupID, 2 tig + {0,1}); c2,c3: (groupID + 8, ...)
 inline void MmaM16N8K16Bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   float c_in[4] = {d[0], d[1], d[2], d[3]};
-  WarpCollective("mma.sync",
+  WarpCollective(
+      "mma.sync",
       [&](WarpExchange& ex, unsigned lane) {
         for (int r = 0; r < 4; ++r) ex.in[lane][r] = a[r];
         ex.in[lane][4] = b0;
@@ -507,9 +508,11 @@ inline void MmaM16N8K16Bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, 
 // register m of lane (groupID, tig) receives elements (row 2 tig, col
 // groupID) and (row 2 tig + 1, col groupID) of matrix m, low half first.
 inline void LdMatrixX4Trans(uint32_t (&r)[4], const uint16_t* row) {
-  WarpCollective("ldmatrix",
+  WarpCollective(
+      "ldmatrix",
       [&](WarpExchange& ex, unsigned lane) {
-        if ((reinterpret_cast<uintptr_t>(row) & 15) != 0) Fail("ldmatrix row address not 16-byte aligned");
+        if ((reinterpret_cast<uintptr_t>(row) & 15) != 0)
+          Fail("ldmatrix row address not 16-byte aligned");
         ex.ptr[lane] = row;
       },
       [](WarpExchange& ex) {
@@ -543,7 +546,8 @@ T Shuffle(T v, int from) {
   static_assert(std::is_trivially_copyable<T>::value && sizeof(T) <= 8, "shuffled type");
   uint32_t words[2] = {0, 0};
   std::memcpy(words, &v, sizeof(T));
-  WarpCollective("shfl",
+  WarpCollective(
+      "shfl",
       [&](WarpExchange& ex, unsigned lane) {
         ex.in[lane][0] = words[0];
         ex.in[lane][1] = words[1];
@@ -568,7 +572,8 @@ unsigned MatchAny(T value) {
   static_assert(sizeof(T) <= 8, "matched type");
   uint64_t bits = 0;
   std::memcpy(&bits, &value, sizeof(T));
-  WarpCollective("match",
+  WarpCollective(
+      "match",
       [&](WarpExchange& ex, unsigned lane) {
         ex.in[lane][0] = static_cast<uint32_t>(bits);
         ex.in[lane][1] = static_cast<uint32_t>(bits >> 32);
@@ -616,8 +621,8 @@ unsigned __match_all_sync(unsigned mask, T value, int* pred) {
 }
 inline void __syncwarp(unsigned mask = 0xffffffffu) {
   mlag::emu::RequireFullMask(mask, "__syncwarp: only the full mask is emulated");
-  mlag::emu::WarpCollective("syncwarp", [](mlag::emu::WarpExchange&, unsigned) {},
-                            [](mlag::emu::WarpExchange&) {});
+  mlag::emu::WarpCollective(
+      "syncwarp", [](mlag::emu::WarpExchange&, unsigned) {}, [](mlag::emu::WarpExchange&) {});
 }
 
 // ---- CUB block collectives ----------------------------------------------------------

@@ -51,7 +51,7 @@ enum class WorkKind { kKernel, kMemcpy, kMemset, kCollective, kHost };
 
 struct WorkItem {
   WorkKind kind = WorkKind::kKernel;
-  std::string what;        // for messages, e.g. "kernel RmsNormKernel"
+  std::string what;                // for messages, e.g. "kernel RmsNormKernel"
   const void* function = nullptr;  // kernels: the entry point (graph update compares it)
   // The work. Runs on the stream's worker thread, in stream order; may run
   // again at every replay when captured. An error other than cudaSuccess

@@ -52,10 +52,10 @@ void PrepareFiber(FiberContext* ctx, char* stack, size_t bytes, void (*entry)())
   // stack aligned as after a call).
   auto top = reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t{15};
   auto* slot = reinterpret_cast<uint64_t*>(top);
-  *--slot = 0;                                        // entry's return address
-  *--slot = reinterpret_cast<uint64_t>(entry);        // where `ret` goes
-  for (int i = 0; i < 6; ++i) *--slot = 0;            // rbp rbx r12 r13 r14 r15
-  *--slot = 0x1F80u | (uint64_t{0x037F} << 32);       // MXCSR, x87 control word
+  *--slot = 0;                                   // entry's return address
+  *--slot = reinterpret_cast<uint64_t>(entry);   // where `ret` goes
+  for (int i = 0; i < 6; ++i) *--slot = 0;       // rbp rbx r12 r13 r14 r15
+  *--slot = 0x1F80u | (uint64_t{0x037F} << 32);  // MXCSR, x87 control word
   ctx->sp = slot;
 }
 

@@ -18,6 +18,8 @@
 //   - work running on a communicator after it was destroyed.
 // Two ranks of one communicator on one device are refused with
 // ncclInvalidUsage, as NCCL refuses them.
+#include "kernels/cuda/emulation/include/nccl.h"
+
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
@@ -42,7 +44,6 @@
 #include <vector>
 
 #include "kernels/cuda/emulation/emulated_runtime.h"
-#include "kernels/cuda/emulation/include/nccl.h"
 #include "runtime/core/scalar_types.h"
 
 namespace mlag::emu {
@@ -59,28 +60,44 @@ enum class Op : int32_t { kNone, kAllGather, kReduceScatter, kAllReduce, kBroadc
 
 const char* OpName(Op op) {
   switch (op) {
-    case Op::kNone: return "nothing";
-    case Op::kAllGather: return "AllGather";
-    case Op::kReduceScatter: return "ReduceScatter";
-    case Op::kAllReduce: return "AllReduce";
-    case Op::kBroadcast: return "Broadcast";
-    case Op::kSplit: return "CommSplit";
+    case Op::kNone:
+      return "nothing";
+    case Op::kAllGather:
+      return "AllGather";
+    case Op::kReduceScatter:
+      return "ReduceScatter";
+    case Op::kAllReduce:
+      return "AllReduce";
+    case Op::kBroadcast:
+      return "Broadcast";
+    case Op::kSplit:
+      return "CommSplit";
   }
   return "?";
 }
 
 const char* TypeName(ncclDataType_t t) {
   switch (t) {
-    case ncclInt8: return "int8";
-    case ncclUint8: return "uint8";
-    case ncclInt32: return "int32";
-    case ncclUint32: return "uint32";
-    case ncclInt64: return "int64";
-    case ncclUint64: return "uint64";
-    case ncclFloat16: return "float16";
-    case ncclFloat32: return "float32";
-    case ncclFloat64: return "float64";
-    case ncclBfloat16: return "bfloat16";
+    case ncclInt8:
+      return "int8";
+    case ncclUint8:
+      return "uint8";
+    case ncclInt32:
+      return "int32";
+    case ncclUint32:
+      return "uint32";
+    case ncclInt64:
+      return "int64";
+    case ncclUint64:
+      return "uint64";
+    case ncclFloat16:
+      return "float16";
+    case ncclFloat32:
+      return "float32";
+    case ncclFloat64:
+      return "float64";
+    case ncclBfloat16:
+      return "bfloat16";
   }
   return "?";
 }
@@ -88,15 +105,19 @@ const char* TypeName(ncclDataType_t t) {
 size_t TypeBytes(ncclDataType_t t) {
   switch (t) {
     case ncclInt8:
-    case ncclUint8: return 1;
+    case ncclUint8:
+      return 1;
     case ncclFloat16:
-    case ncclBfloat16: return 2;
+    case ncclBfloat16:
+      return 2;
     case ncclInt32:
     case ncclUint32:
-    case ncclFloat32: return 4;
+    case ncclFloat32:
+      return 4;
     case ncclInt64:
     case ncclUint64:
-    case ncclFloat64: return 8;
+    case ncclFloat64:
+      return 8;
   }
   return 0;
 }
@@ -134,8 +155,8 @@ struct RankSlot {
   // This rank's outgoing point-to-point chunk, in its data window.
   int32_t p2p_full = 0;
   int32_t p2p_peer = -1;
-  uint64_t p2p_bytes = 0;   // in this chunk
-  uint64_t p2p_total = 0;   // in the whole send
+  uint64_t p2p_bytes = 0;  // in this chunk
+  uint64_t p2p_total = 0;  // in the whole send
 };
 
 struct Segment {
@@ -188,11 +209,11 @@ struct ncclComm {
   std::string name;  // of the segment
   mlag::emu::Segment* segment = nullptr;
   size_t segment_bytes = 0;
-  std::mutex mu;             // guards the fields below and `inflight`
+  std::mutex mu;  // guards the fields below and `inflight`
   std::condition_variable cv;
-  int inflight = 0;          // operations running on a worker now
-  int pending = 0;           // operations queued on streams (not in graphs), not yet run
-  int launch_refs = 0;       // graph launches queued or running that use it
+  int inflight = 0;     // operations running on a worker now
+  int pending = 0;      // operations queued on streams (not in graphs), not yet run
+  int launch_refs = 0;  // graph launches queued or running that use it
   bool destroyed = false;
   std::atomic<bool> aborted{false};
   std::atomic<int> graph_refs{0};
@@ -262,7 +283,8 @@ ncclResult_t OpenSegment(const std::string& name, int nranks, Segment** out, siz
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   bool creator = fd >= 0;
   if (!creator) {
-    if (errno != EEXIST) return Fail(ncclSystemError, "shm_open " + name + ": " + std::strerror(errno));
+    if (errno != EEXIST)
+      return Fail(ncclSystemError, "shm_open " + name + ": " + std::strerror(errno));
     fd = shm_open(name.c_str(), O_RDWR, 0600);
     if (fd < 0) return Fail(ncclSystemError, "shm_open " + name + ": " + std::strerror(errno));
     // Wait for the creator to size it.
@@ -285,8 +307,7 @@ ncclResult_t OpenSegment(const std::string& name, int nranks, Segment** out, siz
   struct stat st;
   if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != size) {
     close(fd);
-    return Fail(ncclInvalidUsage, "communicator " + name +
-                                      ": ranks disagree on its size (nranks " +
+    return Fail(ncclInvalidUsage, "communicator " + name + ": ranks disagree on its size (nranks " +
                                       std::to_string(nranks) + " here)");
   }
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -338,8 +359,8 @@ ncclResult_t Attach(ncclComm* c) {
   SegmentLock lock(s);
   RankSlot& me = Slots(s)[c->rank];
   if (me.attached != 0) {
-    return Fail(ncclInvalidArgument, "rank " + std::to_string(c->rank) + " joined communicator " +
-                                         c->name + " twice");
+    return Fail(ncclInvalidArgument,
+                "rank " + std::to_string(c->rank) + " joined communicator " + c->name + " twice");
   }
   const int bus = BusId(c->device);
   for (int r = 0; r < s->nranks; ++r) {
@@ -471,16 +492,26 @@ class Running {
 // Element i of `base` (type `t`) as double, and back.
 double Load(ncclDataType_t t, const void* base, size_t i) {
   switch (t) {
-    case ncclInt8: return static_cast<const int8_t*>(base)[i];
-    case ncclUint8: return static_cast<const uint8_t*>(base)[i];
-    case ncclInt32: return static_cast<const int32_t*>(base)[i];
-    case ncclUint32: return static_cast<const uint32_t*>(base)[i];
-    case ncclInt64: return static_cast<double>(static_cast<const int64_t*>(base)[i]);
-    case ncclUint64: return static_cast<double>(static_cast<const uint64_t*>(base)[i]);
-    case ncclFloat16: return mlag::F16ToF32(static_cast<const uint16_t*>(base)[i]);
-    case ncclBfloat16: return mlag::Bf16ToF32(static_cast<const uint16_t*>(base)[i]);
-    case ncclFloat32: return static_cast<const float*>(base)[i];
-    case ncclFloat64: return static_cast<const double*>(base)[i];
+    case ncclInt8:
+      return static_cast<const int8_t*>(base)[i];
+    case ncclUint8:
+      return static_cast<const uint8_t*>(base)[i];
+    case ncclInt32:
+      return static_cast<const int32_t*>(base)[i];
+    case ncclUint32:
+      return static_cast<const uint32_t*>(base)[i];
+    case ncclInt64:
+      return static_cast<double>(static_cast<const int64_t*>(base)[i]);
+    case ncclUint64:
+      return static_cast<double>(static_cast<const uint64_t*>(base)[i]);
+    case ncclFloat16:
+      return mlag::F16ToF32(static_cast<const uint16_t*>(base)[i]);
+    case ncclBfloat16:
+      return mlag::Bf16ToF32(static_cast<const uint16_t*>(base)[i]);
+    case ncclFloat32:
+      return static_cast<const float*>(base)[i];
+    case ncclFloat64:
+      return static_cast<const double*>(base)[i];
   }
   return 0;
 }
@@ -491,10 +522,14 @@ void Reduce(ncclDataType_t t, ncclRedOp_t op, const std::vector<const char*>& in
             size_t n) {
   auto combine = [op](auto a, auto b) {
     switch (op) {
-      case ncclSum: return static_cast<decltype(a)>(a + b);
-      case ncclProd: return static_cast<decltype(a)>(a * b);
-      case ncclMax: return a > b ? a : b;
-      case ncclMin: return a < b ? a : b;
+      case ncclSum:
+        return static_cast<decltype(a)>(a + b);
+      case ncclProd:
+        return static_cast<decltype(a)>(a * b);
+      case ncclMax:
+        return a > b ? a : b;
+      case ncclMin:
+        return a < b ? a : b;
     }
     return a;
   };
@@ -502,25 +537,43 @@ void Reduce(ncclDataType_t t, ncclRedOp_t op, const std::vector<const char*>& in
     using T = std::remove_pointer_t<decltype(dst)>;
     for (size_t i = 0; i < n; ++i) {
       T acc = reinterpret_cast<const T*>(in[0])[i];
-      for (size_t r = 1; r < in.size(); ++r) acc = combine(acc, reinterpret_cast<const T*>(in[r])[i]);
+      for (size_t r = 1; r < in.size(); ++r)
+        acc = combine(acc, reinterpret_cast<const T*>(in[r])[i]);
       dst[i] = acc;
     }
   };
   switch (t) {
-    case ncclInt8: typed(static_cast<int8_t*>(out)); return;
-    case ncclUint8: typed(static_cast<uint8_t*>(out)); return;
-    case ncclInt32: typed(static_cast<int32_t*>(out)); return;
-    case ncclUint32: typed(static_cast<uint32_t*>(out)); return;
-    case ncclInt64: typed(static_cast<int64_t*>(out)); return;
-    case ncclUint64: typed(static_cast<uint64_t*>(out)); return;
-    case ncclFloat32: typed(static_cast<float*>(out)); return;
-    case ncclFloat64: typed(static_cast<double*>(out)); return;
+    case ncclInt8:
+      typed(static_cast<int8_t*>(out));
+      return;
+    case ncclUint8:
+      typed(static_cast<uint8_t*>(out));
+      return;
+    case ncclInt32:
+      typed(static_cast<int32_t*>(out));
+      return;
+    case ncclUint32:
+      typed(static_cast<uint32_t*>(out));
+      return;
+    case ncclInt64:
+      typed(static_cast<int64_t*>(out));
+      return;
+    case ncclUint64:
+      typed(static_cast<uint64_t*>(out));
+      return;
+    case ncclFloat32:
+      typed(static_cast<float*>(out));
+      return;
+    case ncclFloat64:
+      typed(static_cast<double*>(out));
+      return;
     case ncclFloat16:
     case ncclBfloat16:
       // 16-bit floats reduce in f32 and round once.
       for (size_t i = 0; i < n; ++i) {
         float acc = static_cast<float>(Load(t, in[0], i));
-        for (size_t r = 1; r < in.size(); ++r) acc = combine(acc, static_cast<float>(Load(t, in[r], i)));
+        for (size_t r = 1; r < in.size(); ++r)
+          acc = combine(acc, static_cast<float>(Load(t, in[r], i)));
         static_cast<uint16_t*>(out)[i] =
             t == ncclFloat16 ? mlag::F32ToF16(acc) : mlag::F32ToBf16(acc);
       }
@@ -542,12 +595,12 @@ bool AgreeOn(ncclComm* c, Descriptor mine) {
     for (int r = 0; r < c->nranks; ++r) {
       const Descriptor& other = Slots(s)[r].desc;
       if (!(other == mine)) {
-        FatalRule("NCCL rule violated: collectives issued in a different order (or with "
-                  "different arguments) on different ranks of communicator " + c->name +
-                  ": rank " + std::to_string(c->rank) + "'s collective #" +
-                  std::to_string(mine.seq) + " is " + mine.ToString() + ", rank " +
-                  std::to_string(r) + "'s collective #" + std::to_string(other.seq) + " is " +
-                  other.ToString());
+        FatalRule(
+            "NCCL rule violated: collectives issued in a different order (or with "
+            "different arguments) on different ranks of communicator " +
+            c->name + ": rank " + std::to_string(c->rank) + "'s collective #" +
+            std::to_string(mine.seq) + " is " + mine.ToString() + ", rank " + std::to_string(r) +
+            "'s collective #" + std::to_string(other.seq) + " is " + other.ToString());
       }
     }
   }
@@ -613,10 +666,10 @@ bool RunCollective(ncclComm* c, const Collective& op) {
       for (size_t off = 0; off < op.count; off += per) {
         const size_t len = std::min(per, op.count - off);
         for (int r = 0; r < n; ++r) {
-          std::memcpy(mine + static_cast<size_t>(r) * per * esize,
-                      static_cast<const char*>(op.send) +
-                          (static_cast<size_t>(r) * op.count + off) * esize,
-                      len * esize);
+          std::memcpy(
+              mine + static_cast<size_t>(r) * per * esize,
+              static_cast<const char*>(op.send) + (static_cast<size_t>(r) * op.count + off) * esize,
+              len * esize);
         }
         if (!Barrier(c)) return false;
         std::vector<const char*> parts(static_cast<size_t>(n));
@@ -636,7 +689,8 @@ bool RunCollective(ncclComm* c, const Collective& op) {
         if (me == op.root) std::memcpy(mine, static_cast<const char*>(op.send) + off, len);
         if (!Barrier(c)) return false;
         if (me != op.root) {
-          std::memcpy(static_cast<char*>(op.recv) + off, windows[static_cast<size_t>(op.root)], len);
+          std::memcpy(static_cast<char*>(op.recv) + off, windows[static_cast<size_t>(op.root)],
+                      len);
         } else if (op.recv != op.send) {
           std::memmove(static_cast<char*>(op.recv) + off, static_cast<const char*>(op.send) + off,
                        len);
@@ -756,9 +810,8 @@ ncclResult_t Submit(std::vector<Pending> ops) {
     --c->pending;
   }
   if (e != cudaSuccess) {
-    return Fail(ncclUnhandledCudaError,
-                std::string("enqueueing ") + what + ": " + cudaGetErrorName(e) + ": " +
-                    cudaGetErrorString(e));
+    return Fail(ncclUnhandledCudaError, std::string("enqueueing ") + what + ": " +
+                                            cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
   }
   return ncclSuccess;
 }
@@ -777,9 +830,9 @@ ncclResult_t IssueChecked(ncclComm_t comm, cudaStream_t stream, const char* call
   const int device = StreamDevice(stream);
   if (device < 0) return Fail(ncclInvalidArgument, std::string(call) + ": invalid stream");
   if (device != comm->device) {
-    return Fail(ncclInvalidUsage, std::string(call) + ": a stream of cuda:" +
-                                      std::to_string(device) + " with a communicator of cuda:" +
-                                      std::to_string(comm->device));
+    return Fail(ncclInvalidUsage,
+                std::string(call) + ": a stream of cuda:" + std::to_string(device) +
+                    " with a communicator of cuda:" + std::to_string(comm->device));
   }
   p.comm = comm;
   p.stream = stream;
@@ -815,15 +868,24 @@ ncclResult_t ncclGetVersion(int* version) {
 
 const char* ncclGetErrorString(ncclResult_t result) {
   switch (result) {
-    case ncclSuccess: return "no error";
-    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
-    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
-    case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
-    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
-    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
-    case ncclRemoteError: return "remote process exited or there was a network error";
-    case ncclInProgress: return "NCCL operation in progress";
-    case ncclNumResults: break;
+    case ncclSuccess:
+      return "no error";
+    case ncclUnhandledCudaError:
+      return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclSystemError:
+      return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+    case ncclInternalError:
+      return "internal error - please report this issue to the NCCL developers";
+    case ncclInvalidArgument:
+      return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case ncclInvalidUsage:
+      return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    case ncclRemoteError:
+      return "remote process exited or there was a network error";
+    case ncclInProgress:
+      return "NCCL operation in progress";
+    case ncclNumResults:
+      break;
   }
   return "unknown result code";
 }
@@ -845,7 +907,8 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
   if (comm == nullptr) return Fail(ncclInvalidArgument, "ncclCommInitRank: null comm");
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return Fail(ncclUnhandledCudaError, "cudaGetDevice failed");
+  if (cudaGetDevice(&device) != cudaSuccess)
+    return Fail(ncclUnhandledCudaError, "cudaGetDevice failed");
   return Join(id, nranks, rank, device, /*wait=*/true, comm);
 }
 
@@ -880,7 +943,9 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   }
   Segment* s = comm->segment;
   const int me = comm->rank;
-  auto aborted = [] { return Fail(ncclInvalidUsage, "ncclCommSplit: the communicator was aborted"); };
+  auto aborted = [] {
+    return Fail(ncclInvalidUsage, "ncclCommSplit: the communicator was aborted");
+  };
   // A collective like the others (run on the calling thread): its
   // descriptor is checked against the other ranks' current collective.
   Descriptor d;
@@ -899,7 +964,8 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   {
     SegmentLock lock(s);
     for (int q = 0; q < comm->nranks; ++q) {
-      if (color >= 0 && Slots(s)[q].split_color == color) members.emplace_back(Slots(s)[q].split_key, q);
+      if (color >= 0 && Slots(s)[q].split_color == color)
+        members.emplace_back(Slots(s)[q].split_key, q);
     }
   }
   std::sort(members.begin(), members.end());
@@ -948,9 +1014,8 @@ ncclResult_t Release(ncclComm_t comm, bool abort, const char* call) {
   // Destroy flushes: operations queued, running or in graph launches run to
   // completion (a peer that never joins them holds this call, as it holds
   // NCCL's). Aborted, they give up within a slice.
-  comm->cv.wait(lock, [&] {
-    return comm->inflight == 0 && comm->pending == 0 && comm->launch_refs == 0;
-  });
+  comm->cv.wait(
+      lock, [&] { return comm->inflight == 0 && comm->pending == 0 && comm->launch_refs == 0; });
   comm->destroyed = true;
   munmap(comm->segment, comm->segment_bytes);
   comm->segment = nullptr;
@@ -963,7 +1028,8 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) { return Release(comm, false, "ncc
 ncclResult_t ncclCommAbort(ncclComm_t comm) { return Release(comm, true, "ncclCommAbort"); }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
-  if (async_error == nullptr) return Fail(ncclInvalidArgument, "ncclCommGetAsyncError: null result");
+  if (async_error == nullptr)
+    return Fail(ncclInvalidArgument, "ncclCommGetAsyncError: null result");
   ncclResult_t r = CheckComm(comm, "ncclCommGetAsyncError");
   if (r != ncclSuccess) return r;
   *async_error = static_cast<ncclResult_t>(comm->async_error.load());
@@ -990,18 +1056,21 @@ ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
 
 namespace {
 
-ncclResult_t IssueCollective(const char* call, ncclComm_t comm, cudaStream_t stream,
-                             Collective op, size_t send_bytes, size_t recv_bytes) {
+ncclResult_t IssueCollective(const char* call, ncclComm_t comm, cudaStream_t stream, Collective op,
+                             size_t send_bytes, size_t recv_bytes) {
   ncclResult_t r = CheckComm(comm, call);
   if (r != ncclSuccess) return r;
-  if (!ValidType(op.type)) return Fail(ncclInvalidArgument, std::string(call) + ": invalid data type");
-  if (!ValidOp(op.redop)) return Fail(ncclInvalidArgument, std::string(call) + ": invalid reduction");
+  if (!ValidType(op.type))
+    return Fail(ncclInvalidArgument, std::string(call) + ": invalid data type");
+  if (!ValidOp(op.redop))
+    return Fail(ncclInvalidArgument, std::string(call) + ": invalid reduction");
   if (op.root < 0 || op.root >= comm->nranks) {
     return Fail(ncclInvalidArgument, std::string(call) + ": root " + std::to_string(op.root) +
                                          " of " + std::to_string(comm->nranks) + " ranks");
   }
   const bool sends = op.op != Op::kBroadcast || comm->rank == op.root;
-  if (sends && (r = CheckBuffer(comm, op.send, send_bytes, call, "sendbuff")) != ncclSuccess) return r;
+  if (sends && (r = CheckBuffer(comm, op.send, send_bytes, call, "sendbuff")) != ncclSuccess)
+    return r;
   if ((r = CheckBuffer(comm, op.recv, recv_bytes, call, "recvbuff")) != ncclSuccess) return r;
   Pending p;
   p.run = [comm, op] { return RunCollective(comm, op); };
@@ -1024,7 +1093,8 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
   Collective c{Op::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0};
   const size_t bytes = recvcount * TypeBytes(datatype);
   const int n = comm != nullptr && comm->magic == kCommMagic ? comm->nranks : 1;
-  return IssueCollective("ncclReduceScatter", comm, stream, c, bytes * static_cast<size_t>(n), bytes);
+  return IssueCollective("ncclReduceScatter", comm, stream, c, bytes * static_cast<size_t>(n),
+                         bytes);
 }
 
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,

@@ -49,8 +49,8 @@ int ConfiguredDeviceCount() {
   char* end = nullptr;
   const long n = std::strtol(env, &end, 10);
   if (*end != '\0' || n < 0 || n > kMaxDevices) {
-    std::fprintf(stderr, "cuda emulation: MLAG_EMULATED_GPUS='%s' is not a count in [0, %d]\n",
-                 env, kMaxDevices);
+    std::fprintf(stderr, "cuda emulation: MLAG_EMULATED_GPUS='%s' is not a count in [0, %d]\n", env,
+                 kMaxDevices);
     return -1;
   }
   return static_cast<int>(n);
@@ -109,7 +109,7 @@ struct CUstream_st {
 struct CUevent_st {
   int device = 0;
   bool timing = true;
-  bool captured = false;  // recorded during a capture: may not be queried
+  bool captured = false;                // recorded during a capture: may not be queried
   std::shared_ptr<CUstream_st> stream;  // where it was last recorded
   uint64_t seq = 0;                     // ... after this many items
   std::shared_ptr<std::atomic<int64_t>> reached_ns;  // when the record ran (0: not yet)
@@ -174,14 +174,14 @@ struct Runtime {
   std::mutex mu;
   int device_count = 0;
   std::vector<std::unique_ptr<DeviceState>> devices;
-  std::map<uintptr_t, Allocation> allocations;  // by start address
+  std::map<uintptr_t, Allocation> allocations;                   // by start address
   std::map<CUstream_st*, std::shared_ptr<CUstream_st>> streams;  // live handles
   std::set<CUevent_st*> events;
   std::set<CUgraph_st*> graphs;
   std::set<CUgraphExec_st*> execs;
   unsigned long long next_capture_id = 1;
   std::map<const void*, int> smem_limits;  // cudaFuncAttributeMaxDynamicSharedMemorySize
-  std::mutex kernel_mu;  // one grid at a time (see RunGridExclusive)
+  std::mutex kernel_mu;                    // one grid at a time (see RunGridExclusive)
 };
 
 Runtime& R() {
@@ -370,11 +370,16 @@ cudaError_t LegacyUseLocked(const std::shared_ptr<CUstream_st>& s, const char* c
 
 cudaGraphNodeType NodeType(WorkKind kind) {
   switch (kind) {
-    case WorkKind::kKernel: return cudaGraphNodeTypeKernel;
-    case WorkKind::kMemcpy: return cudaGraphNodeTypeMemcpy;
-    case WorkKind::kMemset: return cudaGraphNodeTypeMemset;
-    case WorkKind::kCollective: return cudaGraphNodeTypeKernel;  // NCCL's are kernels
-    case WorkKind::kHost: return cudaGraphNodeTypeHost;
+    case WorkKind::kKernel:
+      return cudaGraphNodeTypeKernel;
+    case WorkKind::kMemcpy:
+      return cudaGraphNodeTypeMemcpy;
+    case WorkKind::kMemset:
+      return cudaGraphNodeTypeMemset;
+    case WorkKind::kCollective:
+      return cudaGraphNodeTypeKernel;  // NCCL's are kernels
+    case WorkKind::kHost:
+      return cudaGraphNodeTypeHost;
   }
   return cudaGraphNodeTypeEmpty;
 }
@@ -385,8 +390,8 @@ void RecordLocked(CUstream_st* s, WorkItem item) {
   auto node = std::make_unique<CUgraphNode_st>();
   node->type = NodeType(item.kind);
   if (item.communicator != nullptr &&
-      std::find(c.graph->communicators.begin(), c.graph->communicators.end(),
-                item.communicator) == c.graph->communicators.end()) {
+      std::find(c.graph->communicators.begin(), c.graph->communicators.end(), item.communicator) ==
+          c.graph->communicators.end()) {
     c.graph->communicators.push_back(item.communicator);
     CommGraphRef(item.communicator, +1);
   }
@@ -517,8 +522,8 @@ std::string CheckDeviceAccess(const void* p, size_t bytes, int device) {
   }
   if (m.kind == MemoryKind::kDevice && m.device != device &&
       !Dev(device).peer_access[static_cast<size_t>(m.device)]) {
-    return Hex(p) + " is memory of cuda:" + std::to_string(m.device) + ", used on cuda:" +
-           std::to_string(device) + " without peer access";
+    return Hex(p) + " is memory of cuda:" + std::to_string(m.device) +
+           ", used on cuda:" + std::to_string(device) + " without peer access";
   }
   return "";
 }
@@ -615,34 +620,63 @@ const char* cudaGetErrorName(cudaError_t error) {
 
 const char* cudaGetErrorString(cudaError_t error) {
   switch (error) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInitializationError: return "initialization error (see MLAG_EMULATED_GPUS / MLAG_EMULATED_GPU_MEMORY)";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorInvalidPitchValue: return "invalid pitch argument";
-    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
-    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
-    case cudaErrorInsufficientDriver: return "CUDA driver version is insufficient for CUDA runtime version";
-    case cudaErrorInvalidDeviceFunction: return "invalid device function";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
-    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
-    case cudaErrorNotReady: return "device not ready";
-    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
-    case cudaErrorPeerAccessAlreadyEnabled: return "peer access is already enabled";
-    case cudaErrorPeerAccessNotEnabled: return "peer access has not been enabled";
-    case cudaErrorLaunchFailure: return "unspecified launch failure";
-    case cudaErrorNotPermitted: return "operation not permitted";
-    case cudaErrorNotSupported: return "operation not supported";
-    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
-    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
-    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
-    case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
-    case cudaErrorStreamCaptureWrongThread: return "attempt to terminate a thread-local capture sequence from another thread";
-    case cudaErrorGraphExecUpdateFailure: return "the graph update was not performed because it included changes which violated constraints specific to instantiated graph update";
-    case cudaErrorUnknown: return "unknown error";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInitializationError:
+      return "initialization error (see MLAG_EMULATED_GPUS / MLAG_EMULATED_GPU_MEMORY)";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorInvalidPitchValue:
+      return "invalid pitch argument";
+    case cudaErrorInvalidDevicePointer:
+      return "invalid device pointer";
+    case cudaErrorInvalidMemcpyDirection:
+      return "invalid copy direction for memcpy";
+    case cudaErrorInsufficientDriver:
+      return "CUDA driver version is insufficient for CUDA runtime version";
+    case cudaErrorInvalidDeviceFunction:
+      return "invalid device function";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle:
+      return "invalid resource handle";
+    case cudaErrorIllegalState:
+      return "the operation cannot be performed in the present state";
+    case cudaErrorNotReady:
+      return "device not ready";
+    case cudaErrorIllegalAddress:
+      return "an illegal memory access was encountered";
+    case cudaErrorPeerAccessAlreadyEnabled:
+      return "peer access is already enabled";
+    case cudaErrorPeerAccessNotEnabled:
+      return "peer access has not been enabled";
+    case cudaErrorLaunchFailure:
+      return "unspecified launch failure";
+    case cudaErrorNotPermitted:
+      return "operation not permitted";
+    case cudaErrorNotSupported:
+      return "operation not supported";
+    case cudaErrorStreamCaptureUnsupported:
+      return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+      return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureImplicit:
+      return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorCapturedEvent:
+      return "operation not permitted on an event last recorded in a capturing stream";
+    case cudaErrorStreamCaptureWrongThread:
+      return "attempt to terminate a thread-local capture sequence from another thread";
+    case cudaErrorGraphExecUpdateFailure:
+      return "the graph update was not performed because it included changes which violated "
+             "constraints specific to instantiated graph update";
+    case cudaErrorUnknown:
+      return "unknown error";
   }
   return "unknown error";
 }
@@ -650,7 +684,8 @@ const char* cudaGetErrorString(cudaError_t error) {
 cudaError_t cudaGetLastError() {
   cudaError_t e = t_last_error;
   t_last_error = cudaSuccess;
-  if (e == cudaSuccess && R().device_count > 0) e = static_cast<cudaError_t>(Dev(t_device).sticky.load());
+  if (e == cudaSuccess && R().device_count > 0)
+    e = static_cast<cudaError_t>(Dev(t_device).sticky.load());
   return e;
 }
 
@@ -679,7 +714,8 @@ cudaError_t cudaGetDevice(int* device) {
 }
 
 cudaError_t cudaSetDevice(int device) {
-  if (R().device_count <= 0) return Err(R().device_count < 0 ? cudaErrorInitializationError : cudaErrorNoDevice);
+  if (R().device_count <= 0)
+    return Err(R().device_count < 0 ? cudaErrorInitializationError : cudaErrorNoDevice);
   if (!ValidDevice(device)) return Err(cudaErrorInvalidDevice);
   t_device = device;
   return cudaSuccess;
@@ -708,10 +744,18 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   if (value == nullptr) return Err(cudaErrorInvalidValue);
   if (!ValidDevice(device)) return Err(cudaErrorInvalidDevice);
   switch (attr) {
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = kSmemOptin; return cudaSuccess;
-    case cudaDevAttrMultiProcessorCount: *value = kSms; return cudaSuccess;
-    case cudaDevAttrComputeCapabilityMajor: *value = 9; return cudaSuccess;
-    case cudaDevAttrComputeCapabilityMinor: *value = 0; return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = kSmemOptin;
+      return cudaSuccess;
+    case cudaDevAttrMultiProcessorCount:
+      *value = kSms;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = 9;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = 0;
+      return cudaSuccess;
   }
   return Err(cudaErrorInvalidValue);
 }
@@ -761,7 +805,8 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer_device, unsigned int flags) {
   if (!ValidDevice(t_device) || !ValidDevice(peer_device) || peer_device == t_device) {
     return Err(cudaErrorInvalidDevice);
   }
-  std::vector<bool>::reference enabled = Dev(t_device).peer_access[static_cast<size_t>(peer_device)];
+  std::vector<bool>::reference enabled =
+      Dev(t_device).peer_access[static_cast<size_t>(peer_device)];
   if (enabled) return Err(cudaErrorPeerAccessAlreadyEnabled);
   enabled = true;
   return cudaSuccess;
@@ -846,7 +891,9 @@ cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned int flags) {
   if (flags != cudaHostAllocDefault) return Err(cudaErrorNotSupported);
   return Allocate(ptr, bytes, MemoryKind::kPinnedHost, "cudaHostAlloc");
 }
-cudaError_t cudaFreeHost(void* ptr) { return Release(ptr, MemoryKind::kPinnedHost, "cudaFreeHost"); }
+cudaError_t cudaFreeHost(void* ptr) {
+  return Release(ptr, MemoryKind::kPinnedHost, "cudaFreeHost");
+}
 
 namespace {
 
@@ -879,8 +926,8 @@ WorkItem StagedCopyWork(void* dst, const void* src, size_t bytes) {
 }
 
 // cudaMemcpy / cudaMemcpyAsync. `sync`: the blocking API (legacy stream).
-cudaError_t Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
-                 cudaStream_t stream, bool sync) {
+cudaError_t Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream,
+                 bool sync) {
   std::shared_ptr<CUstream_st> s;
   uint64_t seq = 0;
   bool wait = false;
@@ -946,7 +993,8 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
   // Device to device only (all the project needs), both spans inside their
   // allocations.
   const MemoryInfo d = LookupLocked(dst), sm = LookupLocked(src);
-  if (kind != cudaMemcpyDeviceToDevice && kind != cudaMemcpyDefault) return Err(cudaErrorNotSupported);
+  if (kind != cudaMemcpyDeviceToDevice && kind != cudaMemcpyDefault)
+    return Err(cudaErrorNotSupported);
   if (d.kind != MemoryKind::kDevice || sm.kind != MemoryKind::kDevice ||
       !RangeInside(d, dst, dpitch * (height - 1) + width) ||
       !RangeInside(sm, src, spitch * (height - 1) + width)) {
@@ -954,7 +1002,8 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
   }
   WorkItem w;
   w.kind = WorkKind::kMemcpy;
-  w.what = "2D memcpy of " + std::to_string(height) + " rows of " + std::to_string(width) + " bytes";
+  w.what =
+      "2D memcpy of " + std::to_string(height) + " rows of " + std::to_string(width) + " bytes";
   w.run = [=] {
     for (size_t r = 0; r < height; ++r) {
       std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch,
@@ -1121,9 +1170,9 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   w.kind = WorkKind::kKernel;
   w.what = "event record";
   w.run = [reached] {
-    reached->store(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                       Clock::now().time_since_epoch())
-                       .count());
+    reached->store(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+            .count());
     return cudaSuccess;
   };
   event->captured = false;
@@ -1293,7 +1342,7 @@ cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, cudaStreamCaptureStatu
   std::shared_ptr<CUstream_st> s = ResolveLocked(stream);
   if (!s) return Err(cudaErrorInvalidResourceHandle);
   const CaptureState* c = s->capture.get();
-  *status = c == nullptr ? cudaStreamCaptureStatusNone
+  *status = c == nullptr     ? cudaStreamCaptureStatusNone
             : c->invalidated ? cudaStreamCaptureStatusInvalidated
                              : cudaStreamCaptureStatusActive;
   if (id != nullptr) *id = c ? c->id : 0;
@@ -1301,7 +1350,8 @@ cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, cudaStreamCaptureStatu
   // The dependency set is the capture's last node (a pointer into the
   // capture, valid until its next operation).
   if (dependencies != nullptr) {
-    *dependencies = c && c->last ? reinterpret_cast<const cudaGraphNode_t*>(&s->capture->last) : nullptr;
+    *dependencies =
+        c && c->last ? reinterpret_cast<const cudaGraphNode_t*>(&s->capture->last) : nullptr;
   }
   if (edge_data != nullptr) *edge_data = nullptr;
   if (num_dependencies != nullptr) *num_dependencies = c && c->last ? 1 : 0;
@@ -1375,7 +1425,8 @@ cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t* nodes, size_t*
 
 cudaError_t cudaGraphGetEdges(cudaGraph_t graph, cudaGraphNode_t* from, cudaGraphNode_t* to,
                               cudaGraphEdgeData* edge_data, size_t* num_edges) {
-  if (num_edges == nullptr || ((from == nullptr) != (to == nullptr))) return Err(cudaErrorInvalidValue);
+  if (num_edges == nullptr || ((from == nullptr) != (to == nullptr)))
+    return Err(cudaErrorInvalidValue);
   std::lock_guard<std::mutex> lock(R().mu);
   if (!ReadableGraphLocked(graph)) return Err(cudaErrorInvalidValue);
   const size_t n = graph->edges.size();
@@ -1480,9 +1531,11 @@ cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t graph,
     result_info->errorNode = node;
     return Err(cudaErrorGraphExecUpdateFailure);
   };
-  if (order.size() != exec->items.size()) return fail(cudaGraphExecUpdateErrorTopologyChanged, nullptr);
+  if (order.size() != exec->items.size())
+    return fail(cudaGraphExecUpdateErrorTopologyChanged, nullptr);
   for (size_t i = 0; i < order.size(); ++i) {
-    if (order[i]->type != exec->types[i]) return fail(cudaGraphExecUpdateErrorNodeTypeChanged, order[i]);
+    if (order[i]->type != exec->types[i])
+      return fail(cudaGraphExecUpdateErrorNodeTypeChanged, order[i]);
     if (order[i]->item.function != exec->items[i].function) {
       return fail(cudaGraphExecUpdateErrorFunctionChanged, order[i]);
     }

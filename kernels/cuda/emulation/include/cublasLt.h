@@ -83,8 +83,8 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComput
                                         cudaDataType_t scale_type);
 cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc);
 cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
-                                              cublasLtMatmulDescAttributes_t attr,
-                                              const void* buf, size_t size);
+                                              cublasLtMatmulDescAttributes_t attr, const void* buf,
+                                              size_t size);
 
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType_t type,
                                           uint64_t rows, uint64_t cols, int64_t ld);
@@ -104,15 +104,15 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
                                               cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
                                               cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
-                                              cublasLtMatmulPreference_t pref,
-                                              int requested, cublasLtMatmulHeuristicResult_t* results,
+                                              cublasLtMatmulPreference_t pref, int requested,
+                                              cublasLtMatmulHeuristicResult_t* results,
                                               int* returned);
 
 // D = alpha op(A) op(B) + beta C, enqueued on `stream` (captured when it
 // captures). alpha and beta are host scalars, read at the call.
-cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
-                              const void* alpha, const void* a, cublasLtMatrixLayout_t a_desc,
-                              const void* b, cublasLtMatrixLayout_t b_desc, const void* beta,
-                              const void* c, cublasLtMatrixLayout_t c_desc, void* d,
-                              cublasLtMatrixLayout_t d_desc, const cublasLtMatmulAlgo_t* algo,
-                              void* workspace, size_t workspace_bytes, cudaStream_t stream);
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void* alpha,
+                              const void* a, cublasLtMatrixLayout_t a_desc, const void* b,
+                              cublasLtMatrixLayout_t b_desc, const void* beta, const void* c,
+                              cublasLtMatrixLayout_t c_desc, void* d, cublasLtMatrixLayout_t d_desc,
+                              const cublasLtMatmulAlgo_t* algo, void* workspace,
+                              size_t workspace_bytes, cudaStream_t stream);
