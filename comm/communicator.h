@@ -32,6 +32,19 @@ namespace mlag {
 
 enum class ReduceOp { kSum, kMax, kMin };
 
+// "sum", "max" or "min": for messages and logs.
+inline const char* ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
+  }
+  return "?";
+}
+
 class Communicator {
  public:
   virtual ~Communicator() = default;

@@ -46,18 +46,6 @@ const char* OpName(Op op) {
   return "?";
 }
 
-const char* ReduceOpName(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return "sum";
-    case ReduceOp::kMax:
-      return "max";
-    case ReduceOp::kMin:
-      return "min";
-  }
-  return "?";
-}
-
 }  // namespace
 
 // What a rank launched: every rank of a collective must post the same one.

@@ -220,16 +220,7 @@ __device__ __forceinline__ void LoadTile(const KernelParams& p, const BlockItem&
   const int sub = static_cast<int>(threadIdx.x) % kThreadsPerRow;
   const int row_width = static_cast<int>(p.a.rkv + p.a.dr);
   const CacheT* cache = static_cast<const CacheT*>(p.a.cache);
-  const CacheT* src = nullptr;
-  const int tok = t0 + r;
-  if (tok < it.end) {
-    const int block_size = static_cast<int>(p.a.block_size);
-    const int block =
-        p.a.block_table[static_cast<int64_t>(it.b) * p.a.block_table_stride + tok / block_size];
-    if (block >= 0 && block < p.a.num_blocks) {
-      src = cache + (static_cast<int64_t>(block) * block_size + tok % block_size) * row_width;
-    }
-  }
+  const CacheT* src = CacheRow<CacheT>(p, it, t0 + r, row_width);
   CacheT* dst = stage + r * pitch;
   if (p.vec_loads) {
     const int chunks = pitch / kChunk;  // pitch == row_width here

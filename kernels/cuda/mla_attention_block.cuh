@@ -143,4 +143,19 @@ __device__ inline void ResolveDecode(const KernelParams& p, BlockItem& it) {
   }
 }
 
+// The cache row of token `tok` of sequence it.b (rows `row_width` elements
+// wide), or nullptr when the token is past it.end or its block table entry
+// is outside the cache: the tile loaders turn such rows into zeros.
+template <typename CacheT>
+__device__ __forceinline__ const CacheT* CacheRow(const KernelParams& p, const BlockItem& it,
+                                                  int tok, int row_width) {
+  if (tok >= it.end) return nullptr;
+  const int block_size = static_cast<int>(p.a.block_size);
+  const int block =
+      p.a.block_table[static_cast<int64_t>(it.b) * p.a.block_table_stride + tok / block_size];
+  if (block < 0 || block >= p.a.num_blocks) return nullptr;
+  return static_cast<const CacheT*>(p.a.cache) +
+         (static_cast<int64_t>(block) * block_size + tok % block_size) * row_width;
+}
+
 }  // namespace mlag::cuda::mla_block

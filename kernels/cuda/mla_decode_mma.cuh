@@ -132,16 +132,7 @@ __device__ __forceinline__ void LoadMmaTile(const KernelParams& p, const BlockIt
   const int r = static_cast<int>(threadIdx.x) / kThreadsPerRow;
   const int sub = static_cast<int>(threadIdx.x) % kThreadsPerRow;
   const uint16_t* cache = static_cast<const uint16_t*>(p.a.cache);
-  const uint16_t* src = nullptr;
-  const int tok = t0 + r;
-  if (tok < it.end) {
-    const int block_size = static_cast<int>(p.a.block_size);
-    const int block =
-        p.a.block_table[static_cast<int64_t>(it.b) * p.a.block_table_stride + tok / block_size];
-    if (block >= 0 && block < p.a.num_blocks) {
-      src = cache + (static_cast<int64_t>(block) * block_size + tok % block_size) * width;
-    }
-  }
+  const uint16_t* src = CacheRow<uint16_t>(p, it, t0 + r, width);
   uint16_t* dst = stage + r * pitch;
   for (int c = sub; c < width / 8; c += kThreadsPerRow) {
     CpAsync16(dst + c * 8, src != nullptr ? src + c * 8 : cache, src != nullptr ? 16 : 0);

@@ -117,18 +117,6 @@ T Combine(T a, T b, ReduceOp op) {
   return a;
 }
 
-inline const char* OpName(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return "sum";
-    case ReduceOp::kMax:
-      return "max";
-    case ReduceOp::kMin:
-      return "min";
-  }
-  return "?";
-}
-
 // Empty when equal, else where the first difference is.
 template <typename T>
 std::string Diff(const std::vector<T>& got, const std::vector<T>& want) {
@@ -223,8 +211,9 @@ void CheckAllReduceOf(Communicator& comm, Stream& stream, CheckLog& log, int64_t
   const int size = comm.size();
   const int rank = comm.rank();
   const uint64_t seed = 300 + n + static_cast<uint64_t>(op) * 11 + (in_place ? 7 : 0);
-  const std::string what = absl::StrCat("all_reduce ", OpName(op), " ", DTypeName(DTypeOf<T>()),
-                                        " n=", n, in_place ? " in place" : "");
+  const std::string what =
+      absl::StrCat("all_reduce ", ReduceOpName(op), " ", DTypeName(DTypeOf<T>()), " n=", n,
+                   in_place ? " in place" : "");
   std::vector<T> send = Values<T>(seed, rank, n);
   std::vector<T> recv(static_cast<size_t>(n), Poison<T>());
   std::vector<T>& out = in_place ? send : recv;
@@ -302,7 +291,7 @@ inline void CheckAllReduceScalar(Communicator& comm, CheckLog& log) {
     int64_t want = value(0);
     for (int p = 1; p < size; ++p) want = Combine(want, value(p), op);
     absl::StatusOr<int64_t> got = comm.AllReduceScalar(value(comm.rank()), op);
-    const std::string what = absl::StrCat("all_reduce_scalar ", OpName(op));
+    const std::string what = absl::StrCat("all_reduce_scalar ", ReduceOpName(op));
     if (!log.ExpectOk(got.status(), what)) continue;
     log.Expect(*got == want, absl::StrCat(what, ": got ", *got, ", want ", want));
   }

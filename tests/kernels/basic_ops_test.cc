@@ -23,6 +23,7 @@
 #include "kernels/linear.h"
 #include "kernels/rms_norm.h"
 #include "runtime/core/status.h"
+#include "tests/error_report.h"
 #include "tests/status_matchers.h"
 #include "tests/test_util.h"
 
@@ -38,25 +39,7 @@ using ::mlag::testing::PoisonNaN;
 
 constexpr double kF32Tol = 1e-5;
 
-// ---- Error bookkeeping ----------------------------------------------------------
-
-std::map<std::string, double>& MaxErrors() {
-  static std::map<std::string, double> errors;
-  return errors;
-}
-
-void Record(const std::string& op, double err) {
-  double& e = MaxErrors()[op];
-  e = std::max(e, err);
-}
-
-class ErrorReport : public ::testing::Environment {
- public:
-  void TearDown() override {
-    for (const auto& [op, err] : MaxErrors()) std::printf("max_rel_err %s %.3g\n", op.c_str(), err);
-  }
-};
-::testing::Environment* const kErrorReport = ::testing::AddGlobalTestEnvironment(new ErrorReport);
+using ::mlag::testing::RecordError;  // max_rel_err lines at exit
 
 // ---- Tensors and references --------------------------------------------------------
 
@@ -247,7 +230,7 @@ TEST(SmallRowsGemmTest, MatchesReferenceAndIsIndependentOfTheBatch) {
           EXPECT_EQ(y[m * ldy + n], -7.0f) << "wrote past the row";
         }
         EXPECT_LE(err / std::max(ref, 1e-30), kF32Tol) << rows << " x " << n << " x " << k;
-        Record("small-rows gemm", err / std::max(ref, 1e-30));
+        RecordError("small-rows gemm", err / std::max(ref, 1e-30));
         // The last row alone gives the same bits as inside the batch.
         std::vector<float> alone(static_cast<size_t>(n));
         host::SmallRowsGemmNT(1, n, k, x.data() + (rows - 1) * ldx, ldx, w.data(), k, alone.data(),

@@ -19,6 +19,7 @@
 #include "kernels/mla_attention.h"
 #include "kernels/mla_kv_update.h"
 #include "kernels/rope.h"
+#include "tests/error_report.h"
 #include "tests/status_matchers.h"
 #include "tests/test_util.h"
 
@@ -32,26 +33,7 @@ using testing::Owned;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kPi = 3.14159265358979323846;
 
-// ---- Error bookkeeping: the largest relative error per op, printed at exit.
-
-std::map<std::string, double>& MaxErrors() {
-  static std::map<std::string, double> errors;
-  return errors;
-}
-
-void Record(const std::string& op, double err) {
-  double& e = MaxErrors()[op];
-  e = std::max(e, err);
-}
-
-class ErrorReport : public ::testing::Environment {
- public:
-  void TearDown() override {
-    for (const auto& [op, err] : MaxErrors()) std::printf("max_rel_err %s %.3g\n", op.c_str(), err);
-  }
-};
-[[maybe_unused]] ::testing::Environment* const kErrorReport =
-    ::testing::AddGlobalTestEnvironment(new ErrorReport);
+using ::mlag::testing::RecordError;  // max_rel_err lines at exit
 
 // ============================================================================
 // Rope
@@ -137,13 +119,13 @@ TEST(RopeTest, TinyConfigYarnConstants) {
     EXPECT_LT(rel, 1e-6) << "pair " << i;
     max_err = std::max(max_err, rel);
   }
-  Record("inv_freq", max_err);
+  RecordError("inv_freq", max_err);
 
   const float scale = MlaSoftmaxScale(48, p);
   EXPECT_NEAR(scale, 0.174017, 0.5e-6 + 1e-7);
   const double scale_rel = std::abs(scale - SoftmaxScaleRef(48, p)) / SoftmaxScaleRef(48, p);
   EXPECT_LT(scale_rel, 1e-6);
-  Record("softmax_scale", scale_rel);
+  RecordError("softmax_scale", scale_rel);
   // mscale == mscale_all_dim: cos and sin are not scaled.
   EXPECT_EQ(RopeCosSinScale(p), 1.0f);
   EXPECT_NEAR(YarnMscale(4.0, 0.707), GRef(4.0, 0.707), 1e-7);
@@ -226,7 +208,7 @@ TEST(RopeTest, FillRopeTableMatchesDouble) {
   }
   const double err = testing::MaxRelError(table, want);
   EXPECT_LT(err, 1e-6);
-  Record("rope_table", err);
+  RecordError("rope_table", err);
 
   Owned bad = Make(DType::kF32, {positions, 12});
   const absl::Status st = FillRopeTable(p, bad.t);
@@ -283,7 +265,7 @@ TEST(RopeTest, ApplyRopeStridedMatchesDouble) {
   const double k_err = testing::MaxRelError(k, k_want);
   EXPECT_LT(q_err, 1e-6);
   EXPECT_LT(k_err, 1e-6);
-  Record("rope", std::max(q_err, k_err));
+  RecordError("rope", std::max(q_err, k_err));
   // Columns outside the rope slices and out-of-range rows are bit-identical.
   for (int t = 0; t < tokens; ++t) {
     const bool rotated = t != 3 && t != 7;
@@ -469,7 +451,7 @@ TEST(MlaDecodeSplit, ForcedSplitLengthsMatchDouble) {
     const double out_err = testing::MaxRelError(out, want_out);
     EXPECT_LT(out_err, 1e-5);
     EXPECT_LT(lse_err, 1e-5);
-    Record("mla_decode_split", std::max(out_err, lse_err));
+    RecordError("mla_decode_split", std::max(out_err, lse_err));
   }
 }
 

@@ -79,26 +79,12 @@ constexpr double kTolLong = 3e-5;
 
 std::string Str(DType d) { return std::string(DTypeName(d)); }
 
-// `v` stored as element `i` of a buffer of `dtype` (integers exact, floats
-// rounded as the dtype rounds).
-void Store(DType dtype, uint8_t* base, int64_t i, double v) {
-  switch (dtype) {
-    case DType::kI32:
-      reinterpret_cast<int32_t*>(base)[i] = static_cast<int32_t>(v);
-      break;
-    case DType::kI64:
-      reinterpret_cast<int64_t*>(base)[i] = static_cast<int64_t>(v);
-      break;
-    default:
-      StoreFromF32(dtype, base, static_cast<size_t>(i), static_cast<float>(v));
-  }
-}
-
 // Writes `values` as the view elements of `b` (row-major) and uploads them.
 void SetValues(Context& ctx, Buf& b, const std::vector<double>& values) {
   const std::vector<int64_t> elems = b.ViewElements();
   ASSERT_EQ(elems.size(), values.size()) << b.name;
-  for (size_t i = 0; i < values.size(); ++i) Store(b.dtype, b.host.data(), elems[i], values[i]);
+  for (size_t i = 0; i < values.size(); ++i)
+    StoreElement(b.dtype, b.host.data(), elems[i], values[i]);
   ctx.Upload(b);
 }
 
@@ -176,7 +162,7 @@ void KvUpdateCase(Context& ctx, const KvCase& c, bool dummy) {
       const double v = i < c.rkv ? kv[static_cast<size_t>(t * c.rkv + i)]
                                  : pe[static_cast<size_t>(t * c.dr + i - c.rkv)];
       want[static_cast<size_t>(slot * width + i)] = RoundTo(c.cache, v);
-      Store(c.cache, want_bytes.data(), cache.offset + slot * width + i, v);
+      StoreElement(c.cache, want_bytes.data(), cache.offset + slot * width + i, v);
     }
   }
   EXPECT_EQ(written, dummy ? 0 : c.tokens - 5);  // 3 negative slots, 2 past the cache
@@ -269,7 +255,8 @@ Paged MakePaged(Context& ctx, const Dims& d, DType dtype, int64_t block_size,
       for (int64_t b = 0; b < batch; ++b) {
         for (int64_t s = 0; s < capacity[static_cast<size_t>(b)]; ++s) {
           const int64_t row = p.Slot(k, b, s) * p.width;
-          for (int64_t i = 0; i < p.width; ++i) Store(dtype, p.cache->host.data(), row + i, u(rng));
+          for (int64_t i = 0; i < p.width; ++i)
+            StoreElement(dtype, p.cache->host.data(), row + i, u(rng));
         }
       }
     }

@@ -55,8 +55,6 @@ std::vector<int64_t> Buf::ViewElements() const {
   return out;
 }
 
-namespace {
-
 double LoadElement(DType dtype, const uint8_t* base, int64_t i) {
   switch (dtype) {
     case DType::kI32:
@@ -85,6 +83,8 @@ void StoreElement(DType dtype, uint8_t* base, int64_t i, double v) {
       StoreFromF32(dtype, base, static_cast<size_t>(i), static_cast<float>(v));
   }
 }
+
+namespace {
 
 // Distance in ulps of two 16-bit floats (sign-magnitude bit order).
 int Ulps16(uint16_t a, uint16_t b) {

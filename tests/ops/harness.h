@@ -40,6 +40,11 @@
 
 namespace mlag::ops_test {
 
+// Element `i` of a host buffer of `dtype` as a double, and `v` stored there:
+// integers exact, floats rounded as the dtype rounds.
+double LoadElement(DType dtype, const uint8_t* base, int64_t i);
+void StoreElement(DType dtype, uint8_t* base, int64_t i, double v);
+
 // The device a case runs on and a stream of it.
 class Backend {
  public:
