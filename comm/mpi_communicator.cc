@@ -10,9 +10,11 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "comm/check.h"
+#include "runtime/core/poll.h"
 #include "runtime/core/status.h"
 
 namespace mlag {
@@ -39,27 +42,26 @@ absl::Status MpiStatus(int code, const char* call) {
 // Calls an MPI function and returns a Status naming it on failure.
 #define MLAG_MPI_CALL(fn, ...) MLAG_RETURN_IF_ERROR(MpiStatus(fn(__VA_ARGS__), #fn))
 
-// Waits for a nonblocking MPI operation for at most `timeout` (polling with
-// a backoff from 20 us to 1 ms): every blocking call of this backend is a
-// nonblocking one and this wait, so a dead or hung peer becomes
-// DeadlineExceeded naming the operation instead of a hang. The operation
-// stays pending after a timeout: the communicator is then unusable (abort it).
+// Waits for a nonblocking MPI operation for at most `timeout` (PollUntil):
+// every blocking call of this backend is a nonblocking one and this wait,
+// so a dead or hung peer becomes DeadlineExceeded naming the operation
+// instead of a hang. The operation stays pending after a timeout: the
+// communicator is then unusable (abort it), and the buffers the operation
+// uses must outlive it (they belong to the caller or the Handle).
 absl::Status WaitFor(MPI_Request* request, MPI_Status* status, absl::string_view op, int rank,
                      absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  absl::Duration pause = absl::Microseconds(20);
-  for (;;) {
-    int done = 0;
-    MLAG_MPI_CALL(MPI_Test, request, &done, status);
-    if (done) return absl::OkStatus();
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("mpi rank ", rank, ": ", op, " did not complete within ",
-                       absl::FormatDuration(timeout), ": a peer is dead or hung"));
-    }
-    absl::SleepFor(pause);
-    pause = std::min(pause * 2, absl::Milliseconds(1));
-  }
+  return PollUntil(
+      timeout,
+      [&]() -> absl::StatusOr<bool> {
+        int done = 0;
+        MLAG_MPI_CALL(MPI_Test, request, &done, status);
+        return done != 0;
+      },
+      [&] {
+        return absl::DeadlineExceededError(
+            absl::StrCat("mpi rank ", rank, ": ", op, " did not complete within ",
+                         absl::FormatDuration(timeout), ": a peer is dead or hung"));
+      });
 }
 
 // Finalises MPI at exit when World() initialised it and Finalize() was not
@@ -117,11 +119,18 @@ struct MpiCommunicator::Handle {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0;
   absl::Duration timeout = absl::Seconds(60);
-  // Waits for `request` of operation `op` within the timeout.
-  absl::Status Wait(MPI_Request* request, absl::string_view op,
-                    MPI_Status* status = nullptr) const {
+  // Buffers of operations that timed out: MPI may still write them until
+  // the job is aborted, so they live as long as the communicator.
+  std::vector<std::shared_ptr<void>> abandoned;
+  // Waits for `request` of operation `op` within the timeout. On a timeout
+  // `buffers` (what the operation reads or writes that this communicator
+  // owns) is kept in `abandoned`.
+  absl::Status Wait(MPI_Request* request, absl::string_view op, MPI_Status* status = nullptr,
+                    std::shared_ptr<void> buffers = nullptr) {
     MPI_Status ignored;
-    return WaitFor(request, status != nullptr ? status : &ignored, op, rank, timeout);
+    absl::Status done = WaitFor(request, status != nullptr ? status : &ignored, op, rank, timeout);
+    if (!done.ok() && buffers != nullptr) abandoned.push_back(std::move(buffers));
+    return done;
   }
   ~Handle() {
     // MPI_Comm_free after MPI_Finalize is erroneous: then there is nothing to free.
@@ -165,6 +174,16 @@ absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::World(absl::Durat
   handle->rank = rank;
   handle->timeout = timeout;
   return std::unique_ptr<Communicator>(new MpiCommunicator(std::move(handle), rank, size));
+}
+
+absl::StatusOr<int> MpiCommunicator::LocalRank() {
+  MPI_Comm node = MPI_COMM_NULL;
+  MLAG_MPI_CALL(MPI_Comm_split_type, MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int rank = 0;
+  absl::Status ranked = MpiStatus(MPI_Comm_rank(node, &rank), "MPI_Comm_rank");
+  MPI_Comm_free(&node);
+  MLAG_RETURN_IF_ERROR(ranked);
+  return rank;
 }
 
 absl::Status MpiCommunicator::Finalize() {
@@ -212,7 +231,7 @@ absl::Status MpiCommunicator::ReduceScatter(Stream& stream, const Tensor& send,
         MPI_Request request;
         MLAG_MPI_CALL(MPI_Ireduce_scatter_block, send.data(), out, static_cast<int>(recv.numel()),
                       MpiType(recv.dtype()), MPI_SUM, handle->comm, &request);
-        MLAG_RETURN_IF_ERROR(handle->Wait(&request, ci::kReduceScatterName));
+        MLAG_RETURN_IF_ERROR(handle->Wait(&request, ci::kReduceScatterName, nullptr, scratch));
         if (scratch) std::memcpy(recv.data(), out, recv.nbytes());
         return absl::OkStatus();
       });
@@ -294,12 +313,13 @@ absl::Status MpiCommunicator::Barrier() {
 }
 
 absl::StatusOr<int64_t> MpiCommunicator::AllReduceScalar(int64_t value, ReduceOp op) {
-  int64_t result = 0;
+  // {value, result} on the heap: they must outlive a timed-out operation.
+  auto scalars = std::make_shared<std::array<int64_t, 2>>(std::array<int64_t, 2>{value, 0});
   MPI_Request request;
-  MLAG_MPI_CALL(MPI_Iallreduce, &value, &result, 1, MPI_INT64_T, MpiOp(op), handle_->comm,
-                &request);
-  MLAG_RETURN_IF_ERROR(handle_->Wait(&request, "all_reduce_scalar"));
-  return result;
+  MLAG_MPI_CALL(MPI_Iallreduce, &(*scalars)[0], &(*scalars)[1], 1, MPI_INT64_T, MpiOp(op),
+                handle_->comm, &request);
+  MLAG_RETURN_IF_ERROR(handle_->Wait(&request, "all_reduce_scalar", nullptr, scalars));
+  return (*scalars)[1];
 }
 
 void MpiCommunicator::Abort(const absl::Status& reason) {

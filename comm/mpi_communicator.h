@@ -39,6 +39,11 @@ class MpiCommunicator final : public Communicator {
   // MpiCommunicator first. After this no communicator can be created again.
   static absl::Status Finalize();
 
+  // This process's rank among the world's processes on its node (those
+  // that share memory with it): how a rank picks its GPU. Collective over
+  // the world; needs World() first.
+  static absl::StatusOr<int> LocalRank();
+
   // True when the process looks started by mpirun / a PMI launcher
   // (OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK is set).
   static bool LaunchedByMpirun();

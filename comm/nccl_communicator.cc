@@ -11,6 +11,7 @@
 #include "comm/check.h"
 #include "runtime/core/cuda_status.h"
 #include "runtime/core/device.h"
+#include "runtime/core/poll.h"
 #include "runtime/core/status.h"
 
 namespace mlag {
@@ -310,21 +311,20 @@ absl::Status NcclCommunicator::Recv(Stream& stream, const Tensor& buffer, int pe
 }
 
 absl::Status NcclCommunicator::WaitInternal(absl::string_view op) {
-  const absl::Time deadline = absl::Now() + handle_->timeout;
-  absl::Duration pause = absl::Microseconds(20);
-  for (;;) {
-    const cudaError_t e = cudaStreamQuery(handle_->stream);
-    if (e == cudaSuccess) return absl::OkStatus();
-    if (e != cudaErrorNotReady) return CudaStatus(e, "cudaStreamQuery", MLAG_WHERE_);
-    MLAG_RETURN_IF_ERROR(Health());
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("nccl rank ", rank_, " of ", size_, ": ", op, " did not complete within ",
-                       absl::FormatDuration(handle_->timeout), ": a peer is dead or hung"));
-    }
-    absl::SleepFor(pause);
-    pause = std::min(pause * 2, absl::Milliseconds(1));
-  }
+  return PollUntil(
+      handle_->timeout,
+      [&]() -> absl::StatusOr<bool> {
+        const cudaError_t e = cudaStreamQuery(handle_->stream);
+        if (e == cudaSuccess) return true;
+        if (e != cudaErrorNotReady) return CudaStatus(e, "cudaStreamQuery", MLAG_WHERE_);
+        MLAG_RETURN_IF_ERROR(Health());
+        return false;
+      },
+      [&] {
+        return absl::DeadlineExceededError(
+            absl::StrCat("nccl rank ", rank_, " of ", size_, ": ", op, " did not complete within ",
+                         absl::FormatDuration(handle_->timeout), ": a peer is dead or hung"));
+      });
 }
 
 absl::Status NcclCommunicator::Barrier() {

@@ -13,6 +13,7 @@
 #include "examples/mlag/cli.h"
 #include "examples/mlag/memory_bandwidth.h"
 #include "nlohmann/json.hpp"
+#include "runtime/core/dtype.h"
 #include "runtime/core/status.h"
 #include "runtime/engine/model_runner.h"
 
@@ -29,6 +30,9 @@ struct BenchFlags {
   int steps = 8;          // timed decode steps per batch size and mode
   int prefill_len = 128;  // tokens of the prefill measurement (capped like context_len)
   double bandwidth_gib = 2.0;
+  // auto: bf16 on CUDA (what the tensor-core decode kernel reads), f32 on
+  // the host (the engine's default there).
+  std::string kv_cache_dtype = "auto";
   bool json = false;
 };
 
@@ -109,9 +113,10 @@ absl::Status Bench(BenchFlags f) {
   rc.max_num_batched_tokens = std::max(max_batch, f.prefill_len);
   rc.graph_mode = GraphMode::kFullDecode;
   rc.capture_sizes = f.batch_sizes;
-  // On CUDA the bf16 cache the tensor-core decode kernel reads; on the
-  // host the engine's default, f32.
   rc.kv_dtype = device->is_cuda() ? DType::kBF16 : DType::kF32;
+  if (f.kv_cache_dtype != "auto") {
+    MLAG_ASSIGN_OR_RETURN(rc.kv_dtype, ParseDType(f.kv_cache_dtype));
+  }
   auto t_build = Clock::now();
   MLAG_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
                         ModelRunner::Create(source, device.get(), rc));
@@ -199,6 +204,7 @@ absl::Status Bench(BenchFlags f) {
                   {"routed_experts", mc.n_routed_experts},
                   {"top_k", mc.num_experts_per_tok},
                   {"weight_bytes", wb.total}};
+    j["kv_cache_dtype"] = DTypeName(rc.kv_dtype);
     j["context_len"] = f.context_len;
     j["steps"] = f.steps;
     j["build_seconds"] = build_s;
@@ -237,9 +243,10 @@ absl::Status Bench(BenchFlags f) {
       source.description.c_str(), mc.num_hidden_layers, mc.hidden_size, mc.num_attention_heads,
       mc.n_routed_experts, mc.num_experts_per_tok, wb.total / 1e9);
   std::printf(
-      "decode at context %d, median of %d steps; built in %.1f s, %zu graphs captured "
-      "in %.3f s\n\n",
-      f.context_len, f.steps, build_s, f.batch_sizes.size(), capture_s);
+      "decode at context %d (%s cache), median of %d steps; built in %.1f s, %zu graphs "
+      "captured in %.3f s\n\n",
+      f.context_len, std::string(DTypeName(rc.kv_dtype)).c_str(), f.steps, build_s,
+      f.batch_sizes.size(), capture_s);
   std::printf("%6s %10s %10s %8s %12s %12s %9s %8s %9s %7s %9s\n", "batch", "graph ms", "eager ms",
               "speedup", "graph tok/s", "eager tok/s", "vs b=1", "experts", "GB/step", "GB/s",
               "of bw");
@@ -279,6 +286,10 @@ Command AddBenchCommand(CLI::App& app) {
   bench
       ->add_option("--bandwidth-gib", f->bandwidth_gib, "buffer of the bandwidth measurement (GiB)")
       ->check(CLI::PositiveNumber);
+  bench
+      ->add_option("--kv-cache-dtype", f->kv_cache_dtype,
+                   "auto (bf16 on CUDA, f32 on the host), f32 or bf16")
+      ->check(CLI::IsMember({"auto", "f32", "bf16"}));
   bench->add_flag("--json", f->json, "print JSON");
   return {bench, [f] {
             absl::Status s = Bench(*f);

@@ -5,12 +5,12 @@
 //
 //   mlag graphs --model M [--size N] [--dot FILE] [engine flags]
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "examples/mlag/cli.h"
+#include "runtime/core/file.h"
 
 namespace mlag::cli {
 namespace {
@@ -33,12 +33,7 @@ int Graphs(const GraphsFlags& f) {
   if (f.size > 0 && runner.graph(f.size) == nullptr) {
     return Fail(absl::InvalidArgumentError(absl::StrCat("no graph of size ", f.size)));
   }
-  std::ofstream dot;
-  if (!f.dot_file.empty()) {
-    dot.open(f.dot_file);
-    if (!dot) return Fail(absl::PermissionDeniedError(absl::StrCat("cannot write ", f.dot_file)));
-    dot << "digraph mlagraph {\n  rankdir=TB;\n  node [shape=box, fontname=monospace];\n";
-  }
+  std::string dot = "digraph mlagraph {\n  rankdir=TB;\n  node [shape=box, fontname=monospace];\n";
   std::printf("%d graphs captured in %.3f s on %s\n", runner.num_graphs(),
               runner.stats().capture_seconds, (*engine)->device().name().c_str());
   for (auto it = runner.capture_sizes().rbegin(); it != runner.capture_sizes().rend(); ++it) {
@@ -53,21 +48,20 @@ int Graphs(const GraphsFlags& f) {
       std::printf("  %s %s (%d %s%s)\n", n.name.c_str(), std::string(OpKindName(n.kind)).c_str(),
                   n.device_nodes, unit, n.device_nodes == 1 ? "" : "s");
     }
-    if (dot.is_open()) {
-      dot << "  subgraph cluster_" << size << " {\n    label=\"size " << size << "\";\n";
-      for (size_t i = 0; i < g->nodes().size(); ++i) {
-        const GraphNode& n = g->nodes()[i];
-        dot << "    s" << size << "_" << i << " [label=\"" << n.name << "\\n"
-            << OpKindName(n.kind) << "\"];\n";
-        if (i > 0) dot << "    s" << size << "_" << i - 1 << " -> s" << size << "_" << i << ";\n";
-      }
-      dot << "  }\n";
+    absl::StrAppend(&dot, "  subgraph cluster_", size, " {\n    label=\"size ", size, "\";\n");
+    for (size_t i = 0; i < g->nodes().size(); ++i) {
+      const GraphNode& n = g->nodes()[i];
+      absl::StrAppend(&dot, "    s", size, "_", i, " [label=\"", n.name, "\\n", OpKindName(n.kind),
+                      "\"];\n");
+      if (i > 0) absl::StrAppend(&dot, "    s", size, "_", i - 1, " -> s", size, "_", i, ";\n");
     }
+    absl::StrAppend(&dot, "  }\n");
   }
-  if (dot.is_open()) {
-    dot << "}\n";
-    dot.close();
-    if (!dot) return Fail(absl::DataLossError(absl::StrCat("writing ", f.dot_file, " failed")));
+  if (!f.dot_file.empty()) {
+    dot += "}\n";
+    if (absl::Status written = WriteFileAtomically(f.dot_file, {dot}); !written.ok()) {
+      return Fail(written);
+    }
     std::printf("wrote %s\n", f.dot_file.c_str());
   }
   return 0;

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -15,6 +14,7 @@
 #include "runtime/checkpoint/builtin_models.h"
 #include "runtime/checkpoint/hf_layout.h"
 #include "runtime/checkpoint/model_config_json.h"
+#include "runtime/core/file.h"
 #include "runtime/core/status.h"
 
 namespace mlag {
@@ -144,12 +144,8 @@ absl::Status ExportModel(const ModelConfig& config, WeightSource& weights, const
     return absl::PermissionDeniedError(
         absl::StrCat("cannot create directory ", dir, ": ", std::strerror(errno)));
   }
-  {
-    std::ofstream out(dir + "/config.json");
-    out << ModelConfigToJson(config).dump(2) << "\n";
-    if (!out)
-      return absl::PermissionDeniedError(absl::StrCat("cannot write ", dir, "/config.json"));
-  }
+  MLAG_RETURN_IF_ERROR(
+      WriteFileAtomically(dir + "/config.json", {ModelConfigToJson(config).dump(2) + "\n"}));
   SafetensorsWriter writer;
   std::vector<float> f32;
   std::vector<uint8_t> stored;

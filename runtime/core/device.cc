@@ -188,16 +188,7 @@ absl::StatusOr<Buffer> Device::Allocate(size_t bytes) {
 
 absl::StatusOr<Buffer> Device::AllocatePinned(size_t bytes) {
   if (kind_ == DeviceKind::kHost) {
-    Buffer buf;
-    if (bytes == 0) return buf;
-    void* p = std::aligned_alloc(kHostAlignment, AlignUp(bytes, kHostAlignment));
-    if (p == nullptr) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("host allocation of ", bytes, " bytes failed"));
-    }
-    buf.data_ = p;
-    buf.bytes_ = bytes;
-    return buf;
+    return Allocate(bytes);  // host memory is all the host device needs
   }
 #if MLAG_HAVE_CUDA
   if (active_captures_.load() > 0) {

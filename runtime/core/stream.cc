@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <deque>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -10,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "mlag_config.h"
 #include "runtime/core/cuda_status.h"
+#include "runtime/core/poll.h"
 #include "runtime/core/status.h"
 
 #if MLAG_HAVE_CUDA
@@ -102,7 +102,7 @@ class CudaGraph final : public Graph {
 struct CudaNodeTag {
   std::string name;
   OpKind kind;
-  uint64_t scope_id;  // 0 = unscoped: every launch is its own op
+  uint64_t scope_id;  // 0 = unscoped: the op is this one launch
   uint64_t launch;    // the launch that added it
 };
 
@@ -179,7 +179,7 @@ absl::StatusOr<std::vector<GraphNode>> ReadGraphOps(
   }
   std::vector<GraphNode> ops;
   uint64_t last_scope = 0;
-  std::string last_name;
+  uint64_t last_launch = 0;  // launches count from 1
   while (!ready.empty()) {
     // The earliest-launched ready node next.
     auto pick = std::min_element(
@@ -198,17 +198,19 @@ absl::StatusOr<std::vector<GraphNode>> ReadGraphOps(
       ops.push_back(
           {"(untagged)", type == cudaGraphNodeTypeKernel ? OpKind::kKernel : OpKind::kCopy, 1});
       last_scope = 0;
-      last_name.clear();
+      last_launch = 0;
       continue;
     }
     const CudaNodeTag& tag = it->second;
-    if (!ops.empty() && tag.scope_id != 0 && tag.scope_id == last_scope && tag.name == last_name) {
+    // One op: the nodes of one launch, or of one scope (NodeScope) in a row.
+    const bool same_op = tag.scope_id != 0 ? tag.scope_id == last_scope : tag.launch == last_launch;
+    if (!ops.empty() && same_op) {
       ++ops.back().device_nodes;
       continue;
     }
     ops.push_back({tag.name, tag.kind, 1});
     last_scope = tag.scope_id;
-    last_name = tag.name;
+    last_launch = tag.launch;
   }
   return ops;
 }
@@ -293,12 +295,14 @@ absl::Status Stream::LaunchCuda(absl::string_view default_name, OpKind kind,
   }
 #if MLAG_HAVE_CUDA
   ++launches_;
+  const int error = enqueue(native_);
+  if (error == 0 && !capturing_) return absl::OkStatus();  // the eager path: no names built
   std::string name;
   OpKind resolved;
   uint64_t scope_id;
   ResolveName(default_name, kind, &name, &resolved, &scope_id);
-  std::string call = absl::StrCat("launch of '", name, "'");
-  absl::Status launched = CudaStatus(enqueue(native_), call.c_str(), MLAG_WHERE_);
+  absl::Status launched =
+      CudaStatus(error, absl::StrCat("launch of '", name, "'").c_str(), MLAG_WHERE_);
   if (!capturing_) return launched;
   CaptureState& c = *capture_;
   if (!launched.ok()) {
@@ -316,7 +320,9 @@ absl::Status Stream::LaunchCuda(absl::string_view default_name, OpKind kind,
     return all.status();
   }
   for (cudaGraphNode_t n : *all) {
-    c.cuda_tags.try_emplace(n, CudaNodeTag{name, resolved, scope_id, launches_});
+    if (!c.cuda_tags.contains(n)) {
+      c.cuda_tags.emplace(n, CudaNodeTag{name, resolved, scope_id, launches_});
+    }
   }
   return absl::OkStatus();
 #else
@@ -386,22 +392,21 @@ absl::Status Stream::Synchronize() {
       MLAG_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
       return absl::OkStatus();
     }
-    // Poll, backing off from 20 us to 1 ms, checking the health function.
-    const absl::Time deadline = absl::Now() + watchdog_timeout_;
-    absl::Duration pause = absl::Microseconds(20);
-    for (;;) {
-      const cudaError_t e = cudaStreamQuery(s);
-      if (e == cudaSuccess) return absl::OkStatus();
-      if (e != cudaErrorNotReady) return CudaStatus(e, "cudaStreamQuery", MLAG_WHERE_);
-      if (watchdog_health_) MLAG_RETURN_IF_ERROR(watchdog_health_());
-      if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "the stream's work did not finish within ", absl::FormatDuration(watchdog_timeout_),
-            ": a collective waits for a peer that is dead or hung"));
-      }
-      absl::SleepFor(pause);
-      pause = std::min(pause * 2, absl::Milliseconds(1));
-    }
+    // Poll, checking the health function, until the watchdog's deadline.
+    return PollUntil(
+        watchdog_timeout_,
+        [&]() -> absl::StatusOr<bool> {
+          const cudaError_t e = cudaStreamQuery(s);
+          if (e == cudaSuccess) return true;
+          if (e != cudaErrorNotReady) return CudaStatus(e, "cudaStreamQuery", MLAG_WHERE_);
+          if (watchdog_health_) MLAG_RETURN_IF_ERROR(watchdog_health_());
+          return false;
+        },
+        [&] {
+          return absl::DeadlineExceededError(absl::StrCat(
+              "the stream's work did not finish within ", absl::FormatDuration(watchdog_timeout_),
+              ": a collective waits for a peer that is dead or hung"));
+        });
   }
 #endif
   return absl::OkStatus();

@@ -69,6 +69,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   rc.max_ep_ranks =
       std::max(options.max_ep_ranks, options.ep_group != nullptr ? options.ep_group->size() : 1);
   MLAG_ASSIGN_OR_RETURN(e->runner_, ModelRunner::Create(source, e->device_.get(), rc));
+  if (options.ep_peer_timeout > absl::ZeroDuration()) {
+    Engine* engine = e.get();
+    e->runner_->stream().SetWatchdog(options.ep_peer_timeout, [engine]() -> absl::Status {
+      Communicator* group = engine->options_.ep_group;
+      return group != nullptr ? group->Health() : absl::OkStatus();
+    });
+  }
   MLAG_RETURN_IF_ERROR(e->runner_->SetExpertGroup(options.ep_group));
   MLAG_RETURN_IF_ERROR(e->runner_->CaptureGraphs());
   e->kv_ =

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "runtime/engine/kv_cache_manager.h"
 #include "runtime/engine/model_runner.h"
 #include "runtime/engine/request.h"
@@ -48,6 +49,11 @@ struct EngineOptions {
   // every Step is taken in lockstep with the other ranks (see Step).
   Communicator* ep_group = nullptr;
   int max_ep_ranks = 1;
+  // With a group: how long a wait on the stream (whose collectives wait for
+  // every peer) may take before it fails, from the first capture on; it
+  // also fails at once when the group's communicator reports an error
+  // (Communicator::Health). Zero: waits are unbounded.
+  absl::Duration ep_peer_timeout = absl::ZeroDuration();
 };
 
 struct StepOutput {

@@ -31,7 +31,7 @@ class ExpertGroup {
   ExpertGroup& operator=(const ExpertGroup&) = delete;
 
   // The engine whose graphs capture this group's collectives. Must outlive
-  // this object, and be bound before its first capture.
+  // this object, and be bound before the first Replace or Abort.
   void Bind(Engine* engine) { engine_ = engine; }
 
   // The communicator (nullptr while this rank is outside any group).
@@ -40,7 +40,8 @@ class ExpertGroup {
   // Makes `next` the group (nullptr: this rank leaves). Drains the engine's
   // stream, drops its graphs, destroys the old communicator and points the
   // model at `next`; the caller captures the graphs again. On an error the
-  // rank is left outside any group.
+  // rank is left outside any group; when the stream did not drain, the old
+  // communicator and `next` are aborted rather than destroyed.
   absl::Status Replace(std::unique_ptr<Communicator> next);
 
   // Drops the graphs without waiting for the stream, then aborts the

@@ -259,13 +259,9 @@ absl::Status EpRank::BuildEngine(const EngineOptions& options) {
   o.local_experts = placement_.ExpertsOf(world_->rank());
   o.ep_group = group_.get();
   o.max_ep_ranks = ep_.world;
+  o.ep_peer_timeout = ep_.peer_timeout;
   MLAG_ASSIGN_OR_RETURN(engine_, Engine::Create(o));
   group_.Bind(engine_.get());
-  // A step's collectives wait for every peer: bound the wait, and fail at
-  // once when the group's communicator reports an asynchronous error.
-  engine_->runner().stream().SetWatchdog(ep_.peer_timeout, [this]() -> absl::Status {
-    return group_.get() != nullptr ? group_.get()->Health() : absl::OkStatus();
-  });
   return absl::OkStatus();
 }
 
@@ -349,11 +345,13 @@ absl::StatusOr<ReconfigurationReport> EpRank::Reconfigure(int step, int new_size
   // pointer) and is reported; the run cannot continue on it.
   active_ = new_size;
   // The old group's graphs go before the old group (ExpertGroup::Replace).
-  absl::Status recaptured = group_.Replace(std::move(pending_group_));
-  if (recaptured.ok() && in_new) recaptured = runner.CaptureGraphs();
-  if (!recaptured.ok()) {
-    group_.Replace(nullptr).IgnoreError();
-    return recaptured;
+  MLAG_RETURN_IF_ERROR(group_.Replace(std::move(pending_group_)));
+  if (in_new) {
+    absl::Status captured = runner.CaptureGraphs();
+    if (!captured.ok()) {
+      group_.Replace(nullptr).IgnoreError();
+      return captured;
+    }
   }
   phase("recapture", t0);
 
@@ -559,16 +557,6 @@ bool IsCudaSpec(const std::string& device) {
   return device == "cuda" || absl::StartsWith(device, "cuda:");
 }
 
-// The index a "cuda:N" spec names (-1 for "cuda").
-absl::StatusOr<int> CudaIndex(const std::string& device) {
-  if (device == "cuda") return -1;
-  int index = 0;
-  if (!absl::SimpleAtoi(device.substr(5), &index) || index < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("bad device '", device, "'"));
-  }
-  return index;
-}
-
 absl::StatusOr<EpRunResult> RunNcclThreadRanks(const EngineOptions& options, const EpOptions& ep,
                                                const std::vector<RequestSpec>& requests,
                                                std::vector<absl::Status>* rank_status) {
@@ -620,9 +608,7 @@ absl::StatusOr<EpRunResult> RunMpiRank(const EngineOptions& options, const EpOpt
   if (o.device == "auto") o.device = gpus > 0 ? "cuda" : "host";
   if (o.device == "cuda") {
     if (gpus == 0) return absl::FailedPreconditionError("--device cuda: no CUDA device is usable");
-    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-    int local_rank = mpi->rank();
-    if (local != nullptr && !absl::SimpleAtoi(local, &local_rank)) local_rank = mpi->rank();
+    MLAG_ASSIGN_OR_RETURN(int local_rank, MpiCommunicator::LocalRank());
     o.device = absl::StrCat("cuda:", local_rank % gpus);
   }
   if (!IsCudaSpec(o.device)) {
@@ -631,11 +617,10 @@ absl::StatusOr<EpRunResult> RunMpiRank(const EngineOptions& options, const EpOpt
   }
 #if MLAG_HAVE_NCCL
   // GPUs: NCCL for the data, bootstrapped over MPI, which carries control.
-  MLAG_ASSIGN_OR_RETURN(int device, CudaIndex(o.device));
   MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Device> current, Device::Create(o.device));
   MLAG_RETURN_IF_ERROR(current->MakeCurrent());
   MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> data,
-                        NcclCommunicator::CreateOverMpi(*mpi, device, ep.peer_timeout));
+                        NcclCommunicator::CreateOverMpi(*mpi, current->index(), ep.peer_timeout));
   MLAG_ASSIGN_OR_RETURN(std::unique_ptr<EpRank> r, EpRank::Create(data.get(), o, ep, mpi.get()));
   return r->Run(requests);
 #else

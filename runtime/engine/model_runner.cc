@@ -102,7 +102,6 @@ absl::Status ModelRunner::Init(ModelSource& source) {
       {&input_ids_, &staged_.input_ids, DType::kI32, {R}},
       {&positions_, &staged_.positions, DType::kI32, {R}},
       {&slot_mapping_, &staged_.slot_mapping, DType::kI64, {R}},
-      {&block_table_, &staged_.block_table, DType::kI32, {S, max_blocks_per_seq_}},
       {&seq_lens_, &staged_.seq_lens, DType::kI32, {S}},
       {&query_start_loc_, &staged_.query_start_loc, DType::kI32, {S + 1}},
       {&logits_indices_, &staged_.logits_indices, DType::kI32, {S}},
@@ -111,6 +110,8 @@ absl::Status ModelRunner::Init(ModelSource& source) {
       {&top_p_, &staged_.top_p, DType::kF32, {S}},
       {&seeds_, &staged_.seeds, DType::kI64, {S}},
       {&steps_, &staged_.steps, DType::kI64, {S}},
+      // Last, and by far the largest: a step uploads only its own rows.
+      {&block_table_, &staged_.block_table, DType::kI32, {S, max_blocks_per_seq_}},
   };
   std::vector<size_t> offsets;
   size_t bytes = 0;
@@ -118,6 +119,7 @@ absl::Status ModelRunner::Init(ModelSource& source) {
     offsets.push_back(bytes);
     bytes += (Tensor(nullptr, f.dtype, f.shape).nbytes() + 63) / 64 * 64;
   }
+  block_table_offset_ = offsets.back();
   MLAG_ASSIGN_OR_RETURN(inputs_, device_->Allocate(bytes));
   MLAG_ASSIGN_OR_RETURN(staging_, device_->AllocatePinned(bytes));
   std::memset(staging_.data(), 0, bytes);
@@ -136,7 +138,6 @@ absl::Status ModelRunner::Init(ModelSource& source) {
   buffers_.push_back(std::move(sampled));
   MLAG_ASSIGN_OR_RETURN(sampled_host_, device_->AllocatePinned(S * sizeof(int32_t)));
   return stream_->Synchronize();
-  return absl::OkStatus();
 }
 
 size_t ModelRunner::kv_bytes_per_token() const {
@@ -180,11 +181,12 @@ absl::Status ModelRunner::RunOps(const AttentionMetadata& meta) {
                 Rows(top_p_, B), Rows(seeds_, B), Rows(steps_, B), Rows(sampled_, B));
 }
 
-ModelRunner::Staging ModelRunner::BeginStaging(int rows, int seqs) {
+absl::StatusOr<ModelRunner::Staging> ModelRunner::BeginStaging(int rows, int seqs) {
   // The staging buffer is the source of an upload that may still be queued:
-  // wait for it before writing the next step's inputs over it.
+  // wait for it before writing the next step's inputs over it (a failed
+  // wait leaves it queued, so the buffer is not touched).
   if (upload_pending_) {
-    stream_->Synchronize().IgnoreError();  // a failure resurfaces at the step's own sync
+    MLAG_RETURN_IF_ERROR(stream_->Synchronize());
     upload_pending_ = false;
   }
   Staging st;
@@ -217,22 +219,24 @@ ModelRunner::Staging ModelRunner::BeginStaging(int rows, int seqs) {
   return st;
 }
 
-absl::Status ModelRunner::UploadStaging() {
+absl::Status ModelRunner::UploadStaging(int seqs) {
   upload_pending_ = true;
-  return stream_->CopyFromHost(inputs_.data(), staging_.data(), inputs_.bytes());
+  const size_t bytes =
+      block_table_offset_ + static_cast<size_t>(seqs) * max_blocks_per_seq_ * sizeof(int32_t);
+  return stream_->CopyFromHost(inputs_.data(), staging_.data(), bytes);
 }
 
 absl::Status ModelRunner::FillDummy(const StepPlan& plan) {
   const int rows = plan.rows;
   const int seqs = plan.decode ? rows : 1;
-  Staging st = BeginStaging(rows, seqs);
+  MLAG_ASSIGN_OR_RETURN(Staging st, BeginStaging(rows, seqs));
   if (plan.decode) {
     for (int i = 0; i < rows; ++i) {
       st.qsl[i + 1] = i + 1;
       st.logits_idx[i] = i;
     }
   }  // else one empty sequence: qsl = [0, 0], every token row belongs to none
-  return UploadStaging();
+  return UploadStaging(seqs);
 }
 
 absl::Status ModelRunner::DummyStep(const StepPlan& plan) {
@@ -249,11 +253,13 @@ absl::Status ModelRunner::DummyStep(const StepPlan& plan) {
     // Wait for the replay as the eager path does: the next step's uploads
     // overwrite the input buffers this graph reads.
     MLAG_RETURN_IF_ERROR(it->second->Replay(*stream_));
-    return stream_->Synchronize();
+  } else {
+    MLAG_RETURN_IF_ERROR(
+        RunOps(plan.decode ? Metadata(plan.rows, plan.rows, true) : Metadata(plan.rows, 1, false)));
   }
-  MLAG_RETURN_IF_ERROR(
-      RunOps(plan.decode ? Metadata(plan.rows, plan.rows, true) : Metadata(plan.rows, 1, false)));
-  return stream_->Synchronize();
+  MLAG_RETURN_IF_ERROR(stream_->Synchronize());
+  upload_pending_ = false;
+  return absl::OkStatus();
 }
 
 absl::Status ModelRunner::SaveAndClearMetadata() {
@@ -349,7 +355,7 @@ absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> s
   const int seq_rows = plan.decode ? plan.rows : B;
   const int padded = replay ? plan.rows : 0;
 
-  Staging st = BeginStaging(rows, seq_rows);
+  MLAG_ASSIGN_OR_RETURN(Staging st, BeginStaging(rows, seq_rows));
   const int bs = config_.block_size, mb = max_blocks_per_seq_;
   int t = 0;
   for (int b = 0; b < B; ++b) {
@@ -384,7 +390,7 @@ absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> s
     st.qsl[b + 1] = st.qsl[b] + 1;
     st.logits_idx[b] = st.qsl[b];
   }
-  MLAG_RETURN_IF_ERROR(UploadStaging());
+  MLAG_RETURN_IF_ERROR(UploadStaging(seq_rows));
 
   StepResult result;
   result.replayed = replay;

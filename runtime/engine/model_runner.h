@@ -174,10 +174,10 @@ class ModelRunner {
   };
   // The staging buffer, with dummy values in `rows` token rows and `seqs`
   // sequence rows; waits for the previous upload from it first.
-  Staging BeginStaging(int rows, int seqs);
-  // Copies the staging buffer into the static buffers (one async copy on
-  // the runner's stream).
-  absl::Status UploadStaging();
+  absl::StatusOr<Staging> BeginStaging(int rows, int seqs);
+  // Copies the staging buffer into the static buffers, block table rows
+  // [0, seqs) only (one async copy on the runner's stream).
+  absl::Status UploadStaging(int seqs);
   // Writes a dummy step of `plan` into the static buffers.
   absl::Status FillDummy(const StepPlan& plan);
   // Forward + sampling on the static buffers (eager or recorded).
@@ -198,8 +198,9 @@ class ModelRunner {
   Buffer inputs_;                  // the static input buffers, on the device
   Buffer staging_;                 // pinned host memory of the same layout
   StagedInputs staged_;
-  bool upload_pending_ = false;  // an upload from staging_ may still be queued
-  Buffer sampled_host_;          // pinned [max_seq_rows] i32: the sampled tokens
+  size_t block_table_offset_ = 0;  // of the block table, the last field, in inputs_
+  bool upload_pending_ = false;    // an upload from staging_ may still be queued
+  Buffer sampled_host_;            // pinned [max_seq_rows] i32: the sampled tokens
   // Static input buffers.
   Tensor input_ids_, positions_, slot_mapping_;                       // [max_rows]
   Tensor block_table_, seq_lens_, query_start_loc_, logits_indices_;  // per sequence
