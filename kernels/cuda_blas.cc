@@ -14,7 +14,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "kernels/cuda/linear.cuh"
 #include "runtime/core/cuda_status.h"
 #include "runtime/core/device.h"
@@ -160,7 +159,8 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> MakePlan(cublasLtHandle_t handle, cons
   return plan;
 }
 
-// The per-stream context (see the header).
+// The per-stream context (see the header). Used only by its stream's one
+// user thread (see Stream), so it takes no lock.
 class Context {
  public:
   static absl::StatusOr<std::unique_ptr<Context>> Create(Stream& stream) {
@@ -172,10 +172,7 @@ class Context {
   }
 
   ~Context() {
-    {
-      absl::MutexLock lock(&mu_);
-      plans_.clear();  // descriptors before the handle
-    }
+    plans_.clear();  // descriptors before the handle
     if (handle_ != nullptr) cublasLtDestroy(handle_);
   }
 
@@ -189,7 +186,6 @@ class Context {
   // The plan of `key`: cached, or chosen now when not capturing.
   absl::StatusOr<const GemmPlan*> Plan(const GemmKey& key, bool capturing, absl::string_view op,
                                        absl::string_view shape) {
-    absl::MutexLock lock(&mu_);
     auto it = plans_.find(key);
     if (it != plans_.end()) return it->second.get();
     if (capturing) {
@@ -205,13 +201,9 @@ class Context {
     return p;
   }
 
-  size_t plan_count() {
-    absl::MutexLock lock(&mu_);
-    return plans_.size();
-  }
+  size_t plan_count() const { return plans_.size(); }
 
   absl::StatusOr<void*> Scratch(Stream& stream, size_t bytes, absl::string_view user) {
-    absl::MutexLock lock(&mu_);
     if (bytes <= scratch_.bytes()) return bytes == 0 ? nullptr : scratch_.data();
     if (stream.capturing()) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -232,10 +224,9 @@ class Context {
 
   cublasLtHandle_t handle_ = nullptr;
   Buffer workspace_;
-  absl::Mutex mu_;
-  absl::flat_hash_map<GemmKey, std::unique_ptr<GemmPlan>> plans_ ABSL_GUARDED_BY(mu_);
-  Buffer scratch_ ABSL_GUARDED_BY(mu_);
-  std::vector<Buffer> retired_scratch_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<GemmKey, std::unique_ptr<GemmPlan>> plans_;
+  Buffer scratch_;
+  std::vector<Buffer> retired_scratch_;
 };
 
 // The key of the context among the stream's attachments.
@@ -367,8 +358,6 @@ absl::StatusOr<void*> Scratch(Stream& stream, size_t bytes, absl::string_view us
   MLAG_ASSIGN_OR_RETURN(std::shared_ptr<Context> ctx, GetContext(stream, user));
   return ctx->Scratch(stream, bytes, user);
 }
-
-void ReleaseStreamContext(Stream& stream) { stream.set_attachment(&kContextKey, nullptr); }
 
 size_t CachedAlgorithmCount(const Stream& stream) {
   std::shared_ptr<void> found = stream.attachment(&kContextKey);

@@ -62,12 +62,6 @@ absl::Status HeadMatmul(Stream& stream, const Tensor& x, const Tensor& weight, b
 // gives nullptr.
 absl::StatusOr<void*> Scratch(Stream& stream, size_t bytes, absl::string_view user);
 
-// Frees the context of `stream` (handle, workspace, scratch, cached
-// algorithms) before the stream goes, if it has one. Work already enqueued
-// must have finished (cudaFree synchronises the device anyway); graphs
-// captured on the stream must not be replayed afterwards.
-void ReleaseStreamContext(Stream& stream);
-
 // Algorithms cached for `stream` (0 without a context), for tests.
 size_t CachedAlgorithmCount(const Stream& stream);
 

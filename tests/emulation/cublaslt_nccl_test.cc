@@ -5,17 +5,19 @@
 // rank order, so every rank holds the same bits), captured collectives
 // replayed, groups, splits; and, broken on purpose: two ranks on one device,
 // collectives in different orders, a send and a receive of different sizes,
-// and destroying or aborting a communicator that captured graphs still
-// reference (real NCCL would wait for ever there). Built only with
-// -Demulate_cuda=true.
+// a send and a receive in one group (not emulated), and destroying or
+// aborting a communicator that captured graphs still reference (real NCCL
+// would wait for ever there). Built only with -Demulate_cuda=true.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <random>
 #include <string>
 #include <thread>
@@ -23,6 +25,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/cuda_api.cuh"
 #include "runtime/core/scalar_types.h"
 
 namespace {
@@ -334,6 +337,40 @@ TEST(EmulatedNcclTest, AbortUnsticksACollectiveAPeerNeverJoins) {
   cudaFree(buf);
 }
 
+__global__ void AddKernel(float* p, float v, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) p[i] += v;
+}
+
+TEST(EmulatedNcclTest, CollectivesQueuedBehindADeviceFaultDoNotHoldDestroy) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  // In a child: the fault is sticky for the process's device 0.
+  auto fault_then_destroy = [] {
+    alarm(60);  // a destroy that waits for ever ends the child with SIGALRM
+    auto comms = InitAll();
+    cudaSetDevice(0);
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    float* buf = Upload(std::vector<float>(16, 1.0f));
+    std::vector<float> pageable(64, 0.0f);
+    // Held until both are queued, so the fault comes first and the
+    // collective is queued behind it (not refused at issue).
+    std::promise<void> open;
+    std::shared_future<void> opened = open.get_future().share();
+    cudaLaunchHostFunc(
+        s, [](void* f) { static_cast<std::shared_future<void>*>(f)->wait(); }, &opened);
+    MLAG_LAUNCH(AddKernel, 1, 32, 0, s)(pageable.data(), 1.0f, 64);  // faults
+    // Never run (and never joined by the peers).
+    const bool queued =
+        ncclAllReduce(buf, buf, 16, ncclFloat32, ncclSum, comms[0], s) == ncclSuccess;
+    open.set_value();
+    const bool faulted = cudaStreamSynchronize(s) == cudaErrorIllegalAddress;
+    bool destroyed = true;
+    for (ncclComm_t c : comms) destroyed &= ncclCommDestroy(c) == ncclSuccess;
+    std::exit(queued && faulted && destroyed ? 0 : 1);
+  };
+  EXPECT_EXIT(fault_then_destroy(), ExitedWithCode(0), "is not device memory");
+}
+
 // The rules whose breach would hang or corrupt a real job end the process
 // with a message naming the rule.
 class EmulatedNcclRuleTest : public ::testing::Test {
@@ -400,6 +437,23 @@ TEST_F(EmulatedNcclRuleTest, ASendAndItsReceiveMustAgreeOnTheSize) {
     std::exit(0);
   };
   EXPECT_DEATH(mismatched(), "rank 0 sends 256 bytes to rank 1, which receives 128");
+}
+
+// Not a rule of NCCL's but a limit of the emulation, which would hang on it.
+TEST_F(EmulatedNcclRuleTest, ASendAndAReceiveInOneGroupAreRefused) {
+  auto grouped = [] {
+    auto comms = InitAll();
+    cudaSetDevice(0);
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    float* buf = Upload(std::vector<float>(8, 1.0f));
+    ncclGroupStart();
+    ncclSend(buf, 4, ncclFloat32, 1, comms[0], s);
+    ncclRecv(buf + 4, 4, ncclFloat32, 1, comms[0], s);
+    ncclGroupEnd();
+    std::exit(0);
+  };
+  EXPECT_DEATH(grouped(), "not emulated: ncclSend and ncclRecv in one group");
 }
 
 }  // namespace

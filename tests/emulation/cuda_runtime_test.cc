@@ -67,20 +67,29 @@ class EmulatedRuntimeTest : public ::testing::Test {
     return static_cast<float*>(p);
   }
 
+  void TearDown() override {
+    // cudaFreeHost waits for every stream: only once the test's are done.
+    if (peek_buffer_ != nullptr) EXPECT_EQ(cudaFreeHost(peek_buffer_), cudaSuccess);
+  }
+
   // The first element, read on its own non-blocking stream (so ordered with
-  // nothing else).
+  // nothing else) into pinned memory allocated once per test.
   float Peek(const float* p) {
+    if (peek_buffer_ == nullptr) {
+      EXPECT_EQ(cudaMallocHost(reinterpret_cast<void**>(&peek_buffer_), sizeof(float)),
+                cudaSuccess);
+    }
     cudaStream_t s;
     EXPECT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-    float* pinned = nullptr;
-    EXPECT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pinned), sizeof(float)), cudaSuccess);
-    EXPECT_EQ(cudaMemcpyAsync(pinned, p, sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
+    EXPECT_EQ(cudaMemcpyAsync(peek_buffer_, p, sizeof(float), cudaMemcpyDeviceToHost, s),
+              cudaSuccess);
     EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-    const float v = *pinned;
-    cudaFreeHost(pinned);
     cudaStreamDestroy(s);
-    return v;
+    return *peek_buffer_;
   }
+
+ private:
+  float* peek_buffer_ = nullptr;
 };
 
 // ---- Devices and memory -------------------------------------------------------------

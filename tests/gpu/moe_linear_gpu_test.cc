@@ -113,9 +113,6 @@ class MoeLinearGpu : public ::testing::Test {
   void TearDown() override {
     if (stream_ == nullptr) return;
     EXPECT_OK(stream_->Synchronize());
-#if MLAG_HAVE_CUDA
-    cuda_blas::ReleaseStreamContext(*stream_);
-#endif
   }
 
   // Waits for every copy and kernel on the device: cudaMemcpy from pageable

@@ -1,8 +1,9 @@
 // Host tests of the __host__ __device__ math in kernels/common/ that both
 // backends run: random.h, rope_math.h, softmax_math.h, routing_math.h and
-// sampling_math.h (half.h is covered by tests/core/dtype_test.cc). Each
-// function is checked against a double-precision or sort-based reference
-// written here, on fresh random inputs.
+// sampling_math.h (the bf16/f16 conversions of runtime/core/scalar_types.h
+// are covered by tests/core/dtype_test.cc). Each function is checked
+// against a double-precision or sort-based reference written here, on fresh
+// random inputs.
 //
 // The sampling section also emulates, step for step with the shared helpers,
 // the CUDA sampler's radix descent (kernels/cuda/sampling.cu) and requires

@@ -81,7 +81,7 @@ std::string Str(DType d) { return std::string(DTypeName(d)); }
 
 // Writes `values` as the view elements of `b` (row-major) and uploads them.
 void SetValues(Context& ctx, Buf& b, const std::vector<double>& values) {
-  const std::vector<int64_t> elems = b.ViewElements();
+  const std::vector<int64_t>& elems = b.ViewElements();
   ASSERT_EQ(elems.size(), values.size()) << b.name;
   for (size_t i = 0; i < values.size(); ++i)
     StoreElement(b.dtype, b.host.data(), elems[i], values[i]);

@@ -38,9 +38,13 @@ Backend* Backend::Cuda() {
 
 // ---- Buffers -------------------------------------------------------------------------
 
-std::vector<int64_t> Buf::ViewElements() const {
+// Buffer index of each element of the view `offset`/`shape`/`strides`, in
+// row-major order.
+static std::vector<int64_t> ViewElementsOf(int64_t offset, const std::vector<int64_t>& shape,
+                                           const std::vector<int64_t>& strides) {
   std::vector<int64_t> out;
-  const int64_t n = t.numel();
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
   out.reserve(static_cast<size_t>(n));
   std::vector<int64_t> idx(shape.size(), 0);
   for (int64_t e = 0; e < n; ++e) {
@@ -97,7 +101,7 @@ int Ulps16(uint16_t a, uint16_t b) {
 }  // namespace
 
 double Buf::Value(int64_t i) const {
-  const std::vector<int64_t> elems = ViewElements();
+  const std::vector<int64_t>& elems = ViewElements();
   return LoadElement(dtype, host.data(), elems[static_cast<size_t>(i)]);
 }
 
@@ -108,7 +112,7 @@ std::vector<double> Buf::Values() const {
 }
 
 void Buf::Set(int64_t i, double v) {
-  const std::vector<int64_t> elems = ViewElements();
+  const std::vector<int64_t>& elems = ViewElements();
   StoreElement(dtype, host.data(), elems[static_cast<size_t>(i)], v);
 }
 
@@ -153,6 +157,7 @@ Buf& Context::MakeStrided(const std::string& name, DType dtype, std::vector<int6
   b->span = offset + (empty ? 0 : last + 1) + tail;
   b->shape = shape;
   b->strides = strides;
+  b->elements = ViewElementsOf(offset, shape, strides);
   b->host.assign(static_cast<size_t>(b->span) * b->esize(), 0xff);
   b->device_buffer = backend_.device().Allocate(std::max<size_t>(b->host.size(), 1)).value();
   b->t = Tensor::Strided(static_cast<uint8_t*>(b->device_buffer.data()) + offset * b->esize(),
@@ -260,7 +265,7 @@ void Context::ExpectOutsideUnchanged(const Buf& out, const std::vector<uint8_t>&
 void Context::ExpectClose(const Buf& out, const std::vector<double>& want, const Tolerance& tol) {
   SCOPED_TRACE(absl::StrCat(out.name, " (", DTypeName(out.dtype), ")"));
   const std::vector<uint8_t> bytes = Download(out);
-  const std::vector<int64_t> elems = out.ViewElements();
+  const std::vector<int64_t>& elems = out.ViewElements();
   ASSERT_EQ(elems.size(), want.size());
   int64_t unwritten = 0, nan_mismatch = 0, over = 0, flipped = 0;
   double max_err = 0, max_ref = 0;
@@ -315,7 +320,7 @@ void Context::ExpectClose(const Buf& out, const std::vector<double>& want, const
 void Context::ExpectInts(const Buf& out, const std::vector<int64_t>& want) {
   SCOPED_TRACE(absl::StrCat(out.name, " (", DTypeName(out.dtype), ")"));
   const std::vector<uint8_t> bytes = Download(out);
-  const std::vector<int64_t> elems = out.ViewElements();
+  const std::vector<int64_t>& elems = out.ViewElements();
   ASSERT_EQ(elems.size(), want.size());
   int64_t differ = 0;
   std::string first;

@@ -21,7 +21,7 @@
 //     ctx.Randomize(x, -2, 2);
 //     Buf& y = ctx.Output("y", DType::kF32, {rows, dim});
 //     ctx.RunOp({&y}, [&](Stream& s) { return RmsNorm(s, x.t, w.t, eps, y.t); });
-//     ctx.ExpectClose(y, reference, Tolerance::Rounded());
+//     ctx.ExpectClose(y, reference, Tolerance::F32(1e-6));
 //   }
 //   void AddNormCases(CaseList& cases) { cases.Add("rms_norm", "bf16 5x513", ...); }
 #pragma once
@@ -104,8 +104,10 @@ struct Buf {
 
   size_t esize() const { return DTypeSize(dtype); }
   int64_t numel() const { return t.numel(); }
+  std::vector<int64_t> elements;  // buffer index of each view element, row-major
+
   // Buffer index of each view element, in row-major order.
-  std::vector<int64_t> ViewElements() const;
+  const std::vector<int64_t>& ViewElements() const { return elements; }
   // Element `i` of the view (row-major) as the host mirror has it.
   double Value(int64_t i) const;
   // Every view element as the host mirror has it (the reference's input).
@@ -136,7 +138,8 @@ class Context {
             int64_t offset = 0, int64_t tail = 0);
   Buf& MakeStrided(const std::string& name, DType dtype, std::vector<int64_t> shape,
                    std::vector<int64_t> strides, int64_t offset = 0, int64_t tail = 0);
-  // An output: made as above and poisoned on the device.
+  // Make under the name the case reads as an output (Make poisons every
+  // buffer, on the device and in the mirror).
   Buf& Output(const std::string& name, DType dtype, std::vector<int64_t> shape, int64_t pad = 0,
               int64_t offset = 0, int64_t tail = 0);
 
@@ -161,7 +164,7 @@ class Context {
 
   // Output checks. Each checks every view element written (not NaN unless
   // the reference is), within `tol` of `want`, and every byte outside the
-  // view unchanged. `what` names the output in messages.
+  // view unchanged; messages name the output by its Buf::name.
   void ExpectClose(const Buf& out, const std::vector<double>& want, const Tolerance& tol);
   // Integer (or any) outputs: exactly `want`, bytes outside the view unchanged.
   void ExpectInts(const Buf& out, const std::vector<int64_t>& want);

@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/checkpoint/builtin_models.h"
+#include "tests/runtime/ep_failure_checks.h"
 #include "tests/status_matchers.h"
 
 namespace mlag {
@@ -327,27 +328,6 @@ TEST(ExpertParallelFailureTest, OneRankFailingMidRunFailsTheGroupAtOnce) {
 namespace mlag {
 namespace {
 
-// Rank 1 fails and rank 2 hangs (stops for a while, then goes on) at the
-// same step: every rank must end, within the peer timeout plus the hang,
-// with an error that names what happened.
-void ExpectEveryRankEndsNamed(const std::vector<absl::Status>& ranks, absl::Duration took,
-                              absl::Duration bound) {
-  ASSERT_EQ(ranks.size(), 4u);
-  EXPECT_THAT(ranks[1],
-              ::mlag::testing::StatusIs(absl::StatusCode::kInternal,
-                                        ::testing::HasSubstr("injected failure at step 5")));
-  for (int r : {0, 2, 3}) {
-    SCOPED_TRACE(r);
-    ASSERT_FALSE(ranks[r].ok());
-    // Aborted by rank 1 (its reason passed on), or, for a rank that waited
-    // on the hung one first, its own timeout.
-    const bool named = absl::StrContains(ranks[r].message(), "injected failure at step 5") ||
-                       ranks[r].code() == absl::StatusCode::kDeadlineExceeded;
-    EXPECT_TRUE(named) << ranks[r];
-  }
-  EXPECT_LT(took, bound);
-}
-
 TEST(ExpertParallelFailureTest, AFailedAndAHungRankEndEveryRankWithANamedError) {
   EngineOptions options = Options("tiny-v3");
   const ModelConfig config = BuiltinModelConfig("tiny-v3").value();
@@ -362,9 +342,7 @@ TEST(ExpertParallelFailureTest, AFailedAndAHungRankEndEveryRankWithANamedError) 
       RunExpertParallel(options, ep, EpBackend::kLocal, specs, nullptr, &ranks);
   const absl::Duration took = absl::Now() - start;
   EXPECT_FALSE(result.ok());
-  ExpectEveryRankEndsNamed(ranks, took, absl::Seconds(30));
-  for (size_t r = 0; r < ranks.size(); ++r)
-    std::printf("  rank %zu: %s\n", r, ranks[r].ToString().c_str());
+  ::mlag::testing::ExpectEveryRankEndsNamed(ranks, took);
 }
 
 // Only a hang: the ranks waiting on it give up after the timeout

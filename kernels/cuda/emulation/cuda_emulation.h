@@ -359,7 +359,8 @@ inline void Launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function
   Block() = nullptr;
 }
 
-// Appends the pointer arguments of a launch to `out` (others are skipped).
+// Appends the pointer arguments of a launch to `out` (others, including
+// structs holding pointers, are skipped: those pointers go unchecked).
 template <typename T>
 void CollectPointer(std::vector<const void*>* out, const T& arg) {
   if constexpr (std::is_pointer<T>::value) out->push_back(static_cast<const void*>(arg));

@@ -57,6 +57,11 @@ struct WorkItem {
   // again at every replay when captured. An error other than cudaSuccess
   // becomes the device's sticky error.
   std::function<cudaError_t()> run;
+  // Runs instead of `run` when the work is queued on a stream whose device
+  // has faulted (which runs nothing more): releases what `run` would have
+  // released (a communicator's pending count, a graph launch's references),
+  // so destroying or aborting a communicator does not wait for ever.
+  std::function<void()> on_skip;
   // Collectives: the communicator the work uses; graphs capturing it hold a
   // reference (see CommGraphRef).
   void* communicator = nullptr;

@@ -768,6 +768,13 @@ struct Pending {
 thread_local int t_group_depth = 0;
 thread_local std::vector<Pending> t_group;
 
+// Ends one queued operation's count on `c` (it ran, or its device faulted).
+void ReleasePending(ncclComm* c) {
+  std::lock_guard<std::mutex> lock(c->mu);
+  --c->pending;
+  c->cv.notify_all();
+}
+
 // Enqueues the operations `ops` (one communicator, one stream) as one work
 // item, or records it into the stream's capture. Queued work counts as
 // pending on the communicator until it has run (destroy waits for it).
@@ -793,13 +800,10 @@ ncclResult_t Submit(std::vector<Pending> ops) {
         }
       }
     }
-    if (!captured) {
-      std::lock_guard<std::mutex> lock(c->mu);
-      --c->pending;
-      c->cv.notify_all();
-    }
+    if (!captured) ReleasePending(c);
     return cudaSuccess;
   };
+  if (!captured) w.on_skip = [c] { ReleasePending(c); };
   if (!captured) {
     std::lock_guard<std::mutex> lock(c->mu);
     ++c->pending;
@@ -1166,6 +1170,18 @@ ncclResult_t ncclGroupEnd() {
     it->push_back(std::move(p));
   }
   for (auto& unit : units) {
+    // The operations of a unit run one after another, and a send waits
+    // until its chunk is taken: a send and a receive in one group (which
+    // NCCL runs concurrently) could wait on each other here for ever.
+    const auto has = [&](const char* call) {
+      return std::any_of(unit.begin(), unit.end(),
+                         [&](const Pending& p) { return p.what == call; });
+    };
+    if (has("ncclSend") && has("ncclRecv")) {
+      FatalRule("not emulated: ncclSend and ncclRecv in one group (communicator " +
+                unit.front().comm->name +
+                "); NCCL runs them concurrently, the emulation one after another");
+    }
     const ncclResult_t r = Submit(std::move(unit));
     if (r != ncclSuccess) return r;
   }

@@ -253,7 +253,9 @@ void Worker(std::shared_ptr<CUstream_st> s) {
                        work.item.what.c_str(), cudaGetErrorName(e), cudaGetErrorString(e));
         }
       }
-    }  // after a fault the device runs nothing more, as a real context
+    } else if (work.item.on_skip) {
+      work.item.on_skip();  // after a fault the device runs nothing more, as a real context
+    }
     std::lock_guard<std::mutex> lock(s->mu);
     ++s->completed;
     s->cv.notify_all();
@@ -293,11 +295,14 @@ uint64_t Tail(CUstream_st* s) {
 // Appends work to `s` with the legacy stream's implicit ordering: work on
 // the legacy stream waits for all earlier work on the device's blocking
 // streams, and work on a blocking stream waits for earlier legacy work.
+// `waits`: what else the item waits for (an event's stream position).
 // Caller holds R().mu. Returns the item's sequence number (1-based).
-uint64_t PushLocked(const std::shared_ptr<CUstream_st>& s, WorkItem item) {
+uint64_t PushLocked(const std::shared_ptr<CUstream_st>& s, WorkItem item,
+                    std::vector<std::pair<std::shared_ptr<CUstream_st>, uint64_t>> waits = {}) {
   Runtime& r = R();
   QueuedWork work;
   work.item = std::move(item);
+  work.waits = std::move(waits);
   DeviceState& d = Dev(s->device);
   if (s->legacy) {
     for (auto& [handle, other] : r.streams) {
@@ -864,9 +869,15 @@ cudaError_t Release(void* ptr, MemoryKind kind, const char* call) {
       return Err(kind == MemoryKind::kDevice ? cudaErrorInvalidDevicePointer
                                              : cudaErrorInvalidValue);
     }
-    // cudaFree waits for the device's work, which may still use the memory.
-    const int device = it->second.kind == MemoryKind::kDevice ? it->second.device : -1;
-    if (device >= 0) streams = DeviceStreamsLocked(device);
+    // cudaFree waits for the device's work, which may still use the memory;
+    // cudaFreeHost for every device's (any may copy from pinned memory).
+    if (it->second.kind == MemoryKind::kDevice) {
+      streams = DeviceStreamsLocked(it->second.device);
+    } else {
+      for (size_t d = 0; d < R().devices.size(); ++d) {
+        for (auto& st : DeviceStreamsLocked(static_cast<int>(d))) streams.push_back(std::move(st));
+      }
+    }
   }
   Drain(streams);
   std::lock_guard<std::mutex> lock(R().mu);
@@ -1233,14 +1244,12 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   if (!s) return Err(cudaErrorInvalidResourceHandle);
   if (s->capture || event->captured) return Err(cudaErrorNotSupported);  // no cross-stream capture
   if (!event->stream) return cudaSuccess;
-  QueuedWork work;
-  work.item.what = "event wait";
-  work.item.run = [] { return cudaSuccess; };
-  work.waits.emplace_back(event->stream, event->seq);
-  std::lock_guard<std::mutex> slock(s->mu);
-  s->queue.push_back(std::move(work));
-  ++s->enqueued;
-  s->cv.notify_all();
+  WorkItem w;
+  w.what = "event wait";
+  w.run = [] { return cudaSuccess; };
+  const cudaError_t implicit = LegacyUseLocked(s, w.what.c_str());
+  if (implicit != cudaSuccess) return Err(implicit);
+  PushLocked(s, std::move(w), {{event->stream, event->seq}});
   return cudaSuccess;
 }
 
@@ -1510,6 +1519,9 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
     }
     for (void* c : comms) CommLaunchRef(c, -1);
     return result;
+  };
+  w.on_skip = [comms] {
+    for (void* c : comms) CommLaunchRef(c, -1);
   };
   const cudaError_t e = SubmitLocked(s, std::move(w));
   if (e != cudaSuccess) {
