@@ -68,6 +68,7 @@ ncclDataType_t NcclType(DType dtype) {
     case DType::kI64:
       return ncclInt64;
     case DType::kU8:
+    case DType::kF8E4M3:  // moved as bytes; never reduced
       return ncclUint8;
   }
   return ncclUint8;

@@ -2,13 +2,16 @@
 
 #include <array>
 #include <limits>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/check.h"
 #include "kernels/host/linear.h"
 #include "mlag_config.h"
+#include "runtime/core/fp8_blocks.h"
 #include "runtime/core/status.h"
 
 #if MLAG_HAVE_CUDA
@@ -18,13 +21,12 @@
 namespace mlag {
 namespace {
 
-// Host weights are f32: checkpoints in bf16/f16 are converted once at load,
-// so a per-call conversion is a bug upstream, not something to absorb here.
+// Per-head weights are f32 (small; kept at full precision at load).
 absl::Status CheckWeightF32(const Tensor& weight) {
   if (weight.dtype() == DType::kF32) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat("weight: dtype ", DTypeName(weight.dtype()),
-                   ", expected f32 (weights are converted to f32 at load, never per call)"));
+                   ", expected f32 (weights are converted at load, never per call)"));
 }
 
 // BLAS takes sizes and leading dimensions as int.
@@ -74,31 +76,59 @@ absl::Status CheckNoSelfOverlap(const Tensor& t, absl::string_view arg) {
 
 }  // namespace
 
-absl::Status Linear(Stream& stream, const Tensor& x, const Tensor& weight, const Tensor& y) {
+LinearWeight LinearWeight::Select(int64_t i) const {
+  return LinearWeight(values.Select(0, i), has_scales() ? scales.Select(0, i) : Tensor());
+}
+
+LinearWeight LinearWeight::SliceRows(int64_t r0, int64_t r1) const {
+  const int d = values.ndim() - 2;
+  return LinearWeight(values.Slice(d, r0, r1), has_scales() ? scales.Slice(d, r0, r1) : Tensor());
+}
+
+absl::Status CheckLinearWeight(const Stream& stream, const LinearWeight& weight,
+                               absl::string_view arg, std::initializer_list<int64_t> shape) {
+  const Tensor& v = weight.values;
+  MLAG_RETURN_IF_ERROR(CheckOnStream(stream, v, arg));
+  MLAG_RETURN_IF_ERROR(CheckShape(v, arg, shape));
+  MLAG_RETURN_IF_ERROR(CheckContiguous(v, arg));
+  if (stream.is_cuda()) return CheckDType(v, arg, {DType::kF32});
+  MLAG_RETURN_IF_ERROR(CheckDType(v, arg, {DType::kF32, DType::kBF16, DType::kF8E4M3}));
+  if (v.dtype() != DType::kF8E4M3) return absl::OkStatus();
+  const std::string scales_arg = absl::StrCat(arg, ".scales");
+  std::vector<int64_t> scale_shape(v.shape().begin(), v.shape().end());
+  scale_shape.back() = Fp8Blocks(scale_shape.back());
+  MLAG_RETURN_IF_ERROR(CheckOnStream(stream, weight.scales, scales_arg));
+  MLAG_RETURN_IF_ERROR(CheckDType(weight.scales, scales_arg, {DType::kF32}));
+  if (weight.scales.shape() != absl::Span<const int64_t>(scale_shape)) {
+    return absl::InvalidArgumentError(absl::StrCat(scales_arg, ": shape ",
+                                                   weight.scales.ShapeString(), ", expected [",
+                                                   absl::StrJoin(scale_shape, ", "), "]"));
+  }
+  return CheckContiguous(weight.scales, scales_arg);
+}
+
+absl::Status Linear(Stream& stream, const Tensor& x, const LinearWeight& weight, const Tensor& y) {
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, x, "x"));
-  MLAG_RETURN_IF_ERROR(CheckOnStream(stream, weight, "weight"));
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, y, "y"));
   MLAG_RETURN_IF_ERROR(CheckDType(x, "x", {DType::kF32}));
-  MLAG_RETURN_IF_ERROR(CheckWeightF32(weight));
   MLAG_RETURN_IF_ERROR(CheckDType(y, "y", {DType::kF32}));
   MLAG_RETURN_IF_ERROR(CheckShape(x, "x", {-1, -1}));
-  MLAG_RETURN_IF_ERROR(CheckShape(weight, "weight", {-1, x.size(1)}));
-  MLAG_RETURN_IF_ERROR(CheckShape(y, "y", {x.size(0), weight.size(0)}));
-  MLAG_RETURN_IF_ERROR(CheckContiguous(weight, "weight"));
+  MLAG_RETURN_IF_ERROR(CheckLinearWeight(stream, weight, "weight", {-1, x.size(1)}));
+  MLAG_RETURN_IF_ERROR(CheckShape(y, "y", {x.size(0), weight.values.size(0)}));
   MLAG_RETURN_IF_ERROR(CheckRowMajor(x, "x"));
   MLAG_RETURN_IF_ERROR(CheckRowMajor(y, "y"));
   MLAG_RETURN_IF_ERROR(CheckLeadingDim(x, "x", x.size(1)));
   MLAG_RETURN_IF_ERROR(CheckLeadingDim(y, "y", y.size(1)));
   MLAG_RETURN_IF_ERROR(CheckBlasInt(x.size(0), "x", "rows"));
   MLAG_RETURN_IF_ERROR(CheckBlasInt(x.size(1), "x", "row length"));
-  MLAG_RETURN_IF_ERROR(CheckBlasInt(weight.size(0), "weight", "rows"));
+  MLAG_RETURN_IF_ERROR(CheckBlasInt(weight.values.size(0), "weight", "rows"));
   if (y.data() == x.data() && y.numel() > 0) {
-    return absl::InvalidArgumentError("y: must not alias x (BLAS cannot work in place)");
+    return absl::InvalidArgumentError("y: must not alias x (cannot work in place)");
   }
   if (stream.is_cuda()) {
 #if MLAG_HAVE_CUDA
     // cuBLASLt; see kernels/cuda_blas.h for the warm-up-before-capture rule.
-    return cuda_blas::Linear(stream, x, weight, y);
+    return cuda_blas::Linear(stream, x, weight.values, y);
 #endif
   }
   return stream.LaunchHost("linear", OpKind::kGemm, [x, weight, y] {

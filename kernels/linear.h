@@ -1,23 +1,58 @@
 // Linear layers: y = x W^T, and the per-head matmuls of MLA weight absorption.
 #pragma once
 
+#include <initializer_list>
+#include <utility>
+
 #include "absl/status/status.h"
 #include "runtime/core/stream.h"
 #include "runtime/core/tensor.h"
 
 namespace mlag {
 
+// A projection's weights: `values` [.., out, in] contiguous, in
+//   - f32;
+//   - bf16;
+//   - fp8 (e4m3): then `scales` is f32 [.., out, Fp8Blocks(in)] contiguous,
+//     one scale per (row, 128-column block), and the weight is
+//     Fp8Dequantize(value, scale) (runtime/core/fp8_blocks.h).
+// A Tensor converts to an f32 or bf16 LinearWeight.
+struct LinearWeight {
+  LinearWeight() = default;
+  LinearWeight(Tensor v) : values(std::move(v)) {}  // NOLINT: implicit on purpose
+  LinearWeight(Tensor v, Tensor s) : values(std::move(v)), scales(std::move(s)) {}
+
+  DType dtype() const { return values.dtype(); }
+  // Whether scales are set (fp8). A default Tensor is 0-d, so numel() == 1.
+  bool has_scales() const { return scales.data() != nullptr; }
+  // Bytes of values and scales.
+  size_t nbytes() const { return values.nbytes() + (has_scales() ? scales.nbytes() : 0); }
+  // Entry `i` of the leading dimension (one expert of a stacked set).
+  LinearWeight Select(int64_t i) const;
+  // Output rows [r0, r1) (the second-to-last dimension).
+  LinearWeight SliceRows(int64_t r0, int64_t r1) const;
+
+  Tensor values;
+  Tensor scales;
+};
+
+// Validates `weight` as argument `arg` with values of shape `shape` (-1: any):
+// dtype, contiguity and, for fp8, the scales' dtype and shape. On CUDA only
+// f32 weights are taken (the loader dequantizes others there).
+absl::Status CheckLinearWeight(const Stream& stream, const LinearWeight& weight,
+                               absl::string_view arg, std::initializer_list<int64_t> shape);
+
 // y[t, :] = W x[t, :]  (y = x W^T), no bias.
 //   x: f32 [T, in], row-major (rows may be strided);
-//   weight: [out, in] contiguous — f32 on the host (bf16/f16 checkpoints are
-//     converted once at load, never per call);
+//   weight: [out, in], a LinearWeight (f32, bf16 or fp8 on the host);
 //   y: f32 [T, out], row-major (rows may be strided).
-// Host: T == 1 runs as a matrix-vector product (sgemv), larger T as sgemm.
+// Host: kernels/host/gemm.h, weights converted in registers; every output
+// element is summed in one order whatever T (batch-invariant).
 // CUDA: one cuBLASLt matmul (f32, f32 accumulation). Its algorithm is chosen
 // on the shape's first EAGER launch on the stream and cached; capturing a
 // shape that never ran eagerly on the stream fails with FailedPrecondition
 // (see kernels/cuda_blas.h). A launch of kind gemm.
-absl::Status Linear(Stream& stream, const Tensor& x, const Tensor& weight, const Tensor& y);
+absl::Status Linear(Stream& stream, const Tensor& x, const LinearWeight& weight, const Tensor& y);
 
 // Batched per-head matmul for MLA weight absorption. For every token t and
 // head h:
@@ -27,6 +62,8 @@ absl::Status Linear(Stream& stream, const Tensor& x, const Tensor& weight, const
 //   weight: f32 contiguous as above; out: f32 [T, H, N] (last dim unit-stride).
 // q_nope [T,H,dn] -> q_latent [T,H,Rkv] uses W_UK [H, dn, Rkv] untransposed;
 // latent output [T,H,Rkv] -> v [T,H,dv] uses W_UV [H, dv, Rkv] transposed.
+// Host: transpose_w runs GemmNT per head (batch-invariant, the layout the
+// model uses); the other layout runs sgemm per head.
 // CUDA: one strided-batched cuBLASLt matmul over the heads, with the same
 // warm-up-before-capture rule as Linear.
 absl::Status HeadMatmul(Stream& stream, const Tensor& x, const Tensor& weight, bool transpose_w,

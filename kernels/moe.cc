@@ -202,14 +202,12 @@ absl::Status MoeRoute(Stream& stream, const RoutingParams& params, const Tensor&
 
 absl::Status MoeExperts(Stream& stream, const Tensor& x, const Tensor& topk_ids,
                         const Tensor& topk_weights, const Tensor& expert_map,
-                        const Tensor& w_gate_up, const Tensor& w_down, const Tensor& out,
-                        const Tensor& workspace) {
+                        const LinearWeight& w_gate_up, const LinearWeight& w_down,
+                        const Tensor& out, const Tensor& workspace) {
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, x, "x"));
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, topk_ids, "topk_ids"));
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, topk_weights, "topk_weights"));
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, expert_map, "expert_map"));
-  MLAG_RETURN_IF_ERROR(CheckOnStream(stream, w_gate_up, "w_gate_up"));
-  MLAG_RETURN_IF_ERROR(CheckOnStream(stream, w_down, "w_down"));
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, out, "out"));
 
   MLAG_RETURN_IF_ERROR(CheckDType(x, "x", {DType::kF32}));
@@ -227,30 +225,29 @@ absl::Status MoeExperts(Stream& stream, const Tensor& x, const Tensor& topk_ids,
   MLAG_RETURN_IF_ERROR(CheckDType(expert_map, "expert_map", {DType::kI32}));
   MLAG_RETURN_IF_ERROR(CheckShape(expert_map, "expert_map", {-1}));
   MLAG_RETURN_IF_ERROR(CheckContiguous(expert_map, "expert_map"));
-  MLAG_RETURN_IF_ERROR(CheckDType(w_gate_up, "w_gate_up", {DType::kF32}));
-  MLAG_RETURN_IF_ERROR(CheckShape(w_gate_up, "w_gate_up", {-1, -1, D}));
-  MLAG_RETURN_IF_ERROR(CheckContiguous(w_gate_up, "w_gate_up"));
-  const int64_t L = w_gate_up.size(0);
-  if (w_gate_up.size(1) % 2 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("w_gate_up: shape ", w_gate_up.ShapeString(), ", dim 1 must be 2*I (even)"));
+  MLAG_RETURN_IF_ERROR(CheckLinearWeight(stream, w_gate_up, "w_gate_up", {-1, -1, D}));
+  const int64_t L = w_gate_up.values.size(0);
+  if (w_gate_up.values.size(1) % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "w_gate_up: shape ", w_gate_up.values.ShapeString(), ", dim 1 must be 2*I (even)"));
   }
-  const int64_t I = w_gate_up.size(1) / 2;
-  MLAG_RETURN_IF_ERROR(CheckDType(w_down, "w_down", {DType::kF32}));
-  MLAG_RETURN_IF_ERROR(CheckShape(w_down, "w_down", {L, D, I}));
-  MLAG_RETURN_IF_ERROR(CheckContiguous(w_down, "w_down"));
+  const int64_t I = w_gate_up.values.size(1) / 2;
+  MLAG_RETURN_IF_ERROR(CheckLinearWeight(stream, w_down, "w_down", {L, D, I}));
   MLAG_RETURN_IF_ERROR(CheckDType(out, "out", {DType::kF32}));
-  MLAG_RETURN_IF_ERROR(CheckShape(out, "out", {T, D}));
+  if (out.ndim() == 3 && !stream.is_cuda()) {
+    MLAG_RETURN_IF_ERROR(CheckShape(out, "out", {T, K, D}));
+  } else {
+    MLAG_RETURN_IF_ERROR(CheckShape(out, "out", {T, D}));
+  }
   MLAG_RETURN_IF_ERROR(CheckContiguous(out, "out"));
-  // sgemm takes int dimensions.
   constexpr int64_t kIntMax = 0x7fffffff;
   if (T * K > kIntMax || 2 * I > kIntMax || D > kIntMax) {
-    return absl::InvalidArgumentError("moe_experts: dimensions exceed the int range of sgemm");
+    return absl::InvalidArgumentError("moe_experts: dimensions exceed the int range");
   }
   if (stream.is_cuda()) {
 #if MLAG_HAVE_CUDA
-    return MoeExpertsCuda(stream, x, topk_ids, topk_weights, expert_map, w_gate_up, w_down, out,
-                          workspace);
+    return MoeExpertsCuda(stream, x, topk_ids, topk_weights, expert_map, w_gate_up.values,
+                          w_down.values, out, workspace);
 #endif
   }
   (void)workspace;  // the host needs no scratch from the caller
@@ -260,6 +257,26 @@ absl::Status MoeExperts(Stream& stream, const Tensor& x, const Tensor& topk_ids,
                                               w_down, out);
                              return absl::OkStatus();
                            });
+}
+
+absl::Status MoeSumChoices(Stream& stream, const Tensor& per_choice, const Tensor& out) {
+  MLAG_RETURN_IF_ERROR(CheckOnStream(stream, per_choice, "per_choice"));
+  MLAG_RETURN_IF_ERROR(CheckOnStream(stream, out, "out"));
+  if (stream.is_cuda()) {
+    return absl::UnimplementedError("moe_sum_choices: host only");
+  }
+  MLAG_RETURN_IF_ERROR(CheckDType(per_choice, "per_choice", {DType::kF32}));
+  MLAG_RETURN_IF_ERROR(CheckShape(per_choice, "per_choice", {-1, -1, -1}));
+  MLAG_RETURN_IF_ERROR(CheckContiguous(per_choice, "per_choice"));
+  const int64_t T = per_choice.size(0), D = per_choice.size(2);
+  MLAG_RETURN_IF_ERROR(CheckDType(out, "out", {DType::kF32}));
+  MLAG_RETURN_IF_ERROR(CheckShape(out, "out", {T, D}));
+  MLAG_RETURN_IF_ERROR(CheckContiguous(out, "out"));
+  return stream.LaunchHost("moe_sum_choices", OpKind::kKernel, [per_choice, out] {
+    host::MoeSumChoices(per_choice.data_as<const float>(), per_choice.size(0), per_choice.size(1),
+                        per_choice.size(2), out.data_as<float>());
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace mlag

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/linear.h"
 #include "runtime/core/stream.h"
 #include "runtime/core/tensor.h"
 
@@ -50,14 +51,19 @@ absl::Status MoeRoute(Stream& stream, const RoutingParams& params, const Tensor&
 
 // out[t] = sum over k with expert_map[topk_ids[t,k]] >= 0 of
 //          topk_weights[t,k] * f_e(x[t]),  f_e(x) = W_down (silu(W_gate x) * (W_up x))
-// over the experts this rank holds. Work is grouped per expert (one sgemm per
+// over the experts this rank holds. Work is grouped per expert (one GEMM per
 // expert over its tokens), not per token.
 //   x: f32 [T, D] row-major; topk_ids: i32 [T, K]; topk_weights: f32 [T, K]
 //   expert_map: i32 [E] global expert -> local slot, -1 = not held here
-//   w_gate_up: f32 [L, 2*I, D] contiguous (gate rows then up rows per expert)
-//   w_down: f32 [L, D, I] contiguous
-//   out: f32 [T, D] contiguous, overwritten (rows with no local expert are 0)
+//   w_gate_up: [L, 2*I, D] (gate rows then up rows per expert), w_down:
+//     [L, D, I]; LinearWeights (kernels/linear.h), f32 on CUDA
+//   out: f32 [T, D] contiguous, overwritten (rows with no local expert are 0).
+//     Host only: out may instead be [T, K, D], the weighted choices
+//     topk_weights[t,k] * f_e(x[t]) unsummed (0 where not held here), for an
+//     expert-parallel exchange that MoeSumChoices then sums.
 // Ids outside [0, E) or slots outside [0, L) are ignored.
+// Host: each token's weighted choices are rounded, then summed in k order,
+// so the result does not depend on which experts are local or on the batch.
 //
 // CUDA: counts, offsets and the grouped (token, k) rows are computed on the
 // device, and the expert GEMMs' grids depend only on (T, K, D, I, L), so the
@@ -75,8 +81,13 @@ absl::Status MoeRoute(Stream& stream, const RoutingParams& params, const Tensor&
 // The host ignores `workspace`.
 absl::Status MoeExperts(Stream& stream, const Tensor& x, const Tensor& topk_ids,
                         const Tensor& topk_weights, const Tensor& expert_map,
-                        const Tensor& w_gate_up, const Tensor& w_down, const Tensor& out,
-                        const Tensor& workspace = Tensor());
+                        const LinearWeight& w_gate_up, const LinearWeight& w_down,
+                        const Tensor& out, const Tensor& workspace = Tensor());
+
+// out[t] = sum over k, in k order from 0, of per_choice[t, k]:
+// per_choice f32 [T, K, D] contiguous, out f32 [T, D] contiguous. Host only
+// (the CUDA expert-parallel combine sums partial outputs instead).
+absl::Status MoeSumChoices(Stream& stream, const Tensor& per_choice, const Tensor& out);
 
 // Bytes of CUDA scratch MoeExperts needs for T rows of x, K experts per row,
 // hidden size D, expert width I (w_gate_up is [L, 2I, D]) and L local

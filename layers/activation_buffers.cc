@@ -40,7 +40,8 @@ absl::Status ForEachBuffer(const ModelConfig& c, int64_t T, int64_t B, int64_t N
     MLAG_RETURN_IF_ERROR(alloc(DType::kF32, {N * T, D}, &a->ep_x));
     MLAG_RETURN_IF_ERROR(alloc(DType::kI32, {N * T, K}, &a->ep_ids));
     MLAG_RETURN_IF_ERROR(alloc(DType::kF32, {N * T, K}, &a->ep_weights));
-    MLAG_RETURN_IF_ERROR(alloc(DType::kF32, {N * T, D}, &a->ep_y));
+    MLAG_RETURN_IF_ERROR(alloc(DType::kF32, {N * T * K, D}, &a->ep_y));
+    MLAG_RETURN_IF_ERROR(alloc(DType::kF32, {T * K, D}, &a->ep_choices));
   }
   return absl::OkStatus();
 }

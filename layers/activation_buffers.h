@@ -32,11 +32,15 @@ struct ActivationBuffers {
   Tensor last_hidden;    // [B, D]
   Tensor logits;         // [B, V]
   // Expert parallelism over up to N ranks (empty when N == 1): the tokens,
-  // routing and partial expert sums of every rank of the group.
+  // routing and expert outputs of every rank of the group. On the host the
+  // outputs are the weighted choices [N * T, K, D], and ep_choices receives
+  // this rank's [T, K, D]; on CUDA the first N * T rows of ep_y hold partial
+  // sums.
   Tensor ep_x;        // [N * T, D]
   Tensor ep_ids;      // [N * T, K] i32
   Tensor ep_weights;  // [N * T, K]
-  Tensor ep_y;        // [N * T, D]
+  Tensor ep_y;        // [N * T * K, D]
+  Tensor ep_choices;  // [T * K, D]
 
   // Bytes the buffers need for `max_tokens`, `max_seqs` and an
   // expert-parallel group of at most `max_ep_ranks` ranks.

@@ -10,7 +10,7 @@
 namespace mlag {
 
 DeepseekModel::DeepseekModel(const ModelConfig& config, Device* device, const ModelOptions& options)
-    : config_(config), device_(device), options_(options), arena_(device) {}
+    : config_(config), device_(device), options_(options), arena_(device, options.weight_format) {}
 
 absl::StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::Create(const ModelConfig& config,
                                                                      Device* device,
@@ -52,7 +52,8 @@ absl::Status DeepseekModel::Load(WeightSource& source) {
   if (c.tie_word_embeddings && !source.Has("lm_head.weight")) {
     lm_head_ = embed_;
   } else {
-    MLAG_ASSIGN_OR_RETURN(lm_head_, arena_.Load(source, "lm_head.weight", {V, D}));
+    MLAG_ASSIGN_OR_RETURN(lm_head_, arena_.LoadLinear(source, "lm_head.weight", {V, D},
+                                                      /*allow_fp8=*/false));
   }
 
   // Rope table, built on the host and uploaded.
@@ -79,6 +80,7 @@ absl::Status DeepseekModel::Load(WeightSource& source) {
   MLAG_ASSIGN_OR_RETURN(acts_,
                         ActivationBuffers::Allocate(c, options_.max_tokens, options_.max_seqs,
                                                     options_.max_ep_ranks, workspace_));
+  arena_.ReleaseStaging();
   return absl::OkStatus();
 }
 
@@ -118,6 +120,18 @@ size_t DeepseekModel::weight_bytes() const {
   size_t bytes = arena_.bytes();
   for (const auto& moe : moes_) {
     if (moe) bytes += moe->expert_buffer_bytes();
+  }
+  return bytes;
+}
+
+std::map<DType, size_t> DeepseekModel::weight_bytes_by_dtype() const {
+  std::map<DType, size_t> bytes = arena_.bytes_by_dtype();
+  for (const auto& moe : moes_) {
+    if (!moe) continue;
+    const size_t values = moe->expert_gate_up(0).values.nbytes() * moe->local_experts().size() +
+                          moe->expert_down(0).values.nbytes() * moe->local_experts().size();
+    bytes[moe->expert_dtype()] += values;
+    bytes[DType::kF32] += moe->expert_buffer_bytes() - std::min(values, moe->expert_buffer_bytes());
   }
   return bytes;
 }

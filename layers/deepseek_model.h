@@ -8,6 +8,7 @@
 // gather_last, lm_head.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -30,6 +31,9 @@ struct ModelOptions {
   // The largest expert-parallel group this model will run in (sizes the
   // dispatch/combine buffers).
   int max_ep_ranks = 1;
+  // How projection weights are held (layers/weight_arena.h); kAuto keeps the
+  // checkpoint's bf16 or fp8.
+  WeightFormat weight_format = WeightFormat::kAuto;
 };
 
 class DeepseekModel {
@@ -84,6 +88,8 @@ class DeepseekModel {
   Device& device() const { return *device_; }
   // Bytes of every parameter held (the arena plus the routed experts).
   size_t weight_bytes() const;
+  // Bytes of weights by dtype (fp8 scales count as f32).
+  std::map<DType, size_t> weight_bytes_by_dtype() const;
 
  private:
   DeepseekModel(const ModelConfig& config, Device* device, const ModelOptions& options);
@@ -97,7 +103,8 @@ class DeepseekModel {
   ActivationBuffers acts_;
   Tensor rope_table_;                    // [max_position_embeddings, dr]
   MlaDecodeWorkspace decode_workspace_;  // CUDA split-KV scratch (empty on the host)
-  Tensor embed_, final_norm_, lm_head_;
+  Tensor embed_, final_norm_;
+  LinearWeight lm_head_;  // bf16 where the projections are fp8, as DeepSeek-V3 keeps it
   std::vector<Tensor> input_norm_, post_attn_norm_;
   std::vector<std::unique_ptr<MlaBlock>> blocks_;
   std::vector<std::unique_ptr<Mlp>> mlps_;  // null for MoE layers

@@ -21,13 +21,15 @@ absl::Status MlaAttention::SetKvB(WeightArena& arena, const std::vector<float>& 
   if (static_cast<int64_t>(kv_b.size()) != H * (dn + dv) * R) {
     return absl::InternalError("SetKvB: kv_b_proj size does not match the layer's dims");
   }
-  std::vector<float> uk(H * dn * R), uv(H * dv * R);
+  std::vector<float> uk(H * R * dn), uv(H * dv * R);
   for (int64_t h = 0; h < H; ++h) {
     const float* head = kv_b.data() + h * (dn + dv) * R;
-    std::copy(head, head + dn * R, uk.begin() + h * dn * R);
+    for (int64_t i = 0; i < dn; ++i) {
+      for (int64_t r = 0; r < R; ++r) uk[(h * R + r) * dn + i] = head[i * R + r];
+    }
     std::copy(head + dn * R, head + (dn + dv) * R, uv.begin() + h * dv * R);
   }
-  MLAG_ASSIGN_OR_RETURN(w_uk_, arena.Allocate({H, dn, R}));
+  MLAG_ASSIGN_OR_RETURN(w_uk_, arena.Allocate({H, R, dn}));
   MLAG_ASSIGN_OR_RETURN(w_uv_, arena.Allocate({H, dv, R}));
   MLAG_RETURN_IF_ERROR(arena.Upload(uk, w_uk_));
   return arena.Upload(uv, w_uv_);
@@ -36,7 +38,7 @@ absl::Status MlaAttention::SetKvB(WeightArena& arena, const std::vector<float>& 
 absl::Status MlaAttention::AbsorbQuery(Stream& stream, const Tensor& q_nope,
                                        const Tensor& q_latent) const {
   NodeScope scope(stream, NodeName("q_absorb"), OpKind::kGemm);
-  return HeadMatmul(stream, q_nope, w_uk_, /*transpose_w=*/false, q_latent);
+  return HeadMatmul(stream, q_nope, w_uk_, /*transpose_w=*/true, q_latent);
 }
 
 absl::Status MlaAttention::Forward(Stream& stream, const AttentionMetadata& meta,

@@ -72,7 +72,7 @@ class MlaAttention {
   int layer_;
   MlaDims dims_;
   float softmax_scale_;
-  Tensor w_uk_;  // [H, dn, Rkv]
+  Tensor w_uk_;  // [H, Rkv, dn]: W_UK[h] transposed, so both per-head matmuls are x W^T
   Tensor w_uv_;  // [H, dv, Rkv]
   Tensor cache_;
   const MlaDecodeWorkspace* decode_workspace_ = nullptr;

@@ -33,22 +33,23 @@ absl::Status MlaBlock::Load(WeightArena& arena, WeightSource& source) {
   const int64_t D = c.hidden_size, H = c.num_attention_heads, R = c.kv_lora_rank;
   const int64_t dq = c.qk_head_dim();
   if (c.q_lora_rank > 0) {
-    MLAG_ASSIGN_OR_RETURN(w_q_a_, arena.Load(source, p + "q_a_proj.weight", {c.q_lora_rank, D}));
+    MLAG_ASSIGN_OR_RETURN(w_q_a_,
+                          arena.LoadLinear(source, p + "q_a_proj.weight", {c.q_lora_rank, D}));
     MLAG_ASSIGN_OR_RETURN(w_q_a_norm_,
                           arena.Load(source, p + "q_a_layernorm.weight", {c.q_lora_rank}));
     MLAG_ASSIGN_OR_RETURN(w_q_b_,
-                          arena.Load(source, p + "q_b_proj.weight", {H * dq, c.q_lora_rank}));
+                          arena.LoadLinear(source, p + "q_b_proj.weight", {H * dq, c.q_lora_rank}));
   } else {
-    MLAG_ASSIGN_OR_RETURN(w_q_, arena.Load(source, p + "q_proj.weight", {H * dq, D}));
+    MLAG_ASSIGN_OR_RETURN(w_q_, arena.LoadLinear(source, p + "q_proj.weight", {H * dq, D}));
   }
-  MLAG_ASSIGN_OR_RETURN(
-      w_kv_a_, arena.Load(source, p + "kv_a_proj_with_mqa.weight", {R + c.qk_rope_head_dim, D}));
+  MLAG_ASSIGN_OR_RETURN(w_kv_a_, arena.LoadLinear(source, p + "kv_a_proj_with_mqa.weight",
+                                                  {R + c.qk_rope_head_dim, D}));
   MLAG_ASSIGN_OR_RETURN(w_kv_a_norm_, arena.Load(source, p + "kv_a_layernorm.weight", {R}));
   MLAG_ASSIGN_OR_RETURN(
       std::vector<float> kv_b,
       arena.ReadHost(source, p + "kv_b_proj.weight", {H * (c.qk_nope_head_dim + c.v_head_dim), R}));
   MLAG_RETURN_IF_ERROR(attention_->SetKvB(arena, kv_b));
-  MLAG_ASSIGN_OR_RETURN(w_o_, arena.Load(source, p + "o_proj.weight", {D, H * c.v_head_dim}));
+  MLAG_ASSIGN_OR_RETURN(w_o_, arena.LoadLinear(source, p + "o_proj.weight", {D, H * c.v_head_dim}));
   return absl::OkStatus();
 }
 

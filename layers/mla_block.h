@@ -38,9 +38,11 @@ class MlaBlock {
   int layer_;
   const ModelConfig& config_;
   std::unique_ptr<MlaAttention> attention_;
-  Tensor w_q_a_, w_q_a_norm_, w_q_b_;  // q LoRA path
-  Tensor w_q_;                         // without q LoRA
-  Tensor w_kv_a_, w_kv_a_norm_, w_o_;
+  LinearWeight w_q_a_, w_q_b_;  // q LoRA path
+  Tensor w_q_a_norm_;
+  LinearWeight w_q_;  // without q LoRA
+  LinearWeight w_kv_a_, w_o_;
+  Tensor w_kv_a_norm_;
 };
 
 }  // namespace mlag

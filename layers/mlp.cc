@@ -16,12 +16,14 @@ Mlp::Mlp(std::string node_prefix, std::string weight_prefix, int hidden, int wid
 
 absl::Status Mlp::Load(WeightArena& arena, WeightSource& source) {
   const int64_t D = hidden_, W = width_;
-  MLAG_ASSIGN_OR_RETURN(w_gate_up_, arena.Allocate({2 * W, D}));
-  MLAG_RETURN_IF_ERROR(arena.LoadInto(source, weight_prefix_ + "gate_proj.weight", {W, D},
-                                      w_gate_up_.Slice(0, 0, W)));
-  MLAG_RETURN_IF_ERROR(arena.LoadInto(source, weight_prefix_ + "up_proj.weight", {W, D},
-                                      w_gate_up_.Slice(0, W, 2 * W)));
-  MLAG_ASSIGN_OR_RETURN(w_down_, arena.Load(source, weight_prefix_ + "down_proj.weight", {D, W}));
+  const std::string gate = weight_prefix_ + "gate_proj.weight";
+  MLAG_ASSIGN_OR_RETURN(w_gate_up_,
+                        arena.AllocateLinear({2 * W, D}, arena.LinearDType(source, gate)));
+  MLAG_RETURN_IF_ERROR(arena.LoadLinearInto(source, gate, {W, D}, w_gate_up_.SliceRows(0, W)));
+  MLAG_RETURN_IF_ERROR(arena.LoadLinearInto(source, weight_prefix_ + "up_proj.weight", {W, D},
+                                            w_gate_up_.SliceRows(W, 2 * W)));
+  MLAG_ASSIGN_OR_RETURN(w_down_,
+                        arena.LoadLinear(source, weight_prefix_ + "down_proj.weight", {D, W}));
   return absl::OkStatus();
 }
 

@@ -27,8 +27,8 @@ class Mlp {
  private:
   std::string node_prefix_, weight_prefix_;
   int hidden_, width_;
-  Tensor w_gate_up_;  // [2W, D]
-  Tensor w_down_;     // [D, W]
+  LinearWeight w_gate_up_;  // [2W, D]
+  LinearWeight w_down_;     // [D, W]
 };
 
 }  // namespace mlag

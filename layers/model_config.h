@@ -39,6 +39,10 @@ struct ModelConfig {
   int max_position_embeddings = 0;
   RopeParams rope;  // rotary_dim == qk_rope_head_dim
   bool tie_word_embeddings = false;
+  // quantization_config: fp8 e4m3 weights with 128 x 128 block scales
+  // (DeepSeek-V3's layout). Each tensor's dtype is still read from the
+  // checkpoint; this says how export writes it.
+  bool fp8_block_quantized = false;
 
   int qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   // Width of one latent cache row: Rkv + dr (576 for V2/V3).

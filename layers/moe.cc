@@ -6,6 +6,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/linear.h"
 #include "kernels/moe.h"
+#include "runtime/core/fp8_blocks.h"
 #include "runtime/core/status.h"
 
 namespace mlag {
@@ -39,17 +40,21 @@ absl::Status Moe::Load(WeightArena& arena, WeightSource& source) {
   device_ = &arena.device();
   MLAG_ASSIGN_OR_RETURN(expert_map_, arena.Allocate({E}, DType::kI32));
   MLAG_RETURN_IF_ERROR(SetLocalExperts(local_experts_));
-  MLAG_RETURN_IF_ERROR(AllocateExpertBuffers(L, &gate_up_buf_, &down_buf_));
-  w_gate_up_ = gate_up_buf_.AsTensor(DType::kF32, {std::max<int64_t>(L, 1), 2 * I, D});
-  w_down_ = down_buf_.AsTensor(DType::kF32, {std::max<int64_t>(L, 1), D, I});
+  // Every expert in one dtype: that of the first held (all are alike in a
+  // checkpoint).
+  const int first = L > 0 ? local_experts_[0] : 0;
+  expert_dtype_ =
+      arena.LinearDType(source, absl::StrCat(p, "experts.", first, ".gate_proj.weight"));
+  MLAG_ASSIGN_OR_RETURN(experts_, AllocateExperts(L));
   for (int64_t slot = 0; slot < L; ++slot) {
     const std::string e = absl::StrCat(p, "experts.", local_experts_[slot], ".");
-    const Tensor gu = w_gate_up_.Select(0, slot);
-    MLAG_RETURN_IF_ERROR(arena.LoadInto(source, e + "gate_proj.weight", {I, D}, gu.Slice(0, 0, I)));
+    const LinearWeight gu = expert_gate_up(static_cast<int>(slot));
     MLAG_RETURN_IF_ERROR(
-        arena.LoadInto(source, e + "up_proj.weight", {I, D}, gu.Slice(0, I, 2 * I)));
+        arena.LoadLinearInto(source, e + "gate_proj.weight", {I, D}, gu.SliceRows(0, I)));
     MLAG_RETURN_IF_ERROR(
-        arena.LoadInto(source, e + "down_proj.weight", {D, I}, w_down_.Select(0, slot)));
+        arena.LoadLinearInto(source, e + "up_proj.weight", {I, D}, gu.SliceRows(I, 2 * I)));
+    MLAG_RETURN_IF_ERROR(arena.LoadLinearInto(source, e + "down_proj.weight", {D, I},
+                                              expert_down(static_cast<int>(slot))));
   }
   if (shared_) MLAG_RETURN_IF_ERROR(shared_->Load(arena, source));
   return absl::OkStatus();
@@ -72,19 +77,46 @@ absl::Status Moe::SetLocalExperts(std::vector<int> experts) {
   return absl::OkStatus();
 }
 
-absl::Status Moe::AllocateExpertBuffers(int64_t slots, Buffer* gate_up, Buffer* down) const {
+absl::StatusOr<Moe::Experts> Moe::AllocateExperts(int64_t slots) const {
   const int64_t D = config_.hidden_size, I = config_.moe_intermediate_size;
-  const size_t bytes = static_cast<size_t>(std::max<int64_t>(slots, 1) * 2 * I * D) * sizeof(float);
-  MLAG_ASSIGN_OR_RETURN(*gate_up, device_->Allocate(bytes));
-  MLAG_ASSIGN_OR_RETURN(*down, device_->Allocate(bytes / 2));
+  const int64_t L = std::max<int64_t>(slots, 1);
+  const bool fp8 = expert_dtype_ == DType::kF8E4M3;
+  // Values of gate|up and down, then (fp8) their scales, each 64-byte aligned.
+  const size_t esize = DTypeSize(expert_dtype_);
+  auto align = [](size_t n) { return (n + 63) / 64 * 64; };
+  const size_t gu_bytes = align(static_cast<size_t>(L * 2 * I * D) * esize);
+  const size_t dn_bytes = align(static_cast<size_t>(L * D * I) * esize);
+  const size_t gu_scale_bytes =
+      fp8 ? align(static_cast<size_t>(L * 2 * I * Fp8Blocks(D)) * sizeof(float)) : 0;
+  const size_t dn_scale_bytes =
+      fp8 ? align(static_cast<size_t>(L * D * Fp8Blocks(I)) * sizeof(float)) : 0;
+  const size_t total = gu_bytes + dn_bytes + gu_scale_bytes + dn_scale_bytes;
+  Experts e;
+  MLAG_ASSIGN_OR_RETURN(e.buffer, device_->Allocate(total));
   if (slots == 0) {
     // The placeholder slot is never routed to (the map has no entry for it),
     // but keep it deterministic.
-    std::vector<char> zeros(bytes, 0);
-    MLAG_RETURN_IF_ERROR(device_->CopyFromHost(gate_up->data(), zeros.data(), bytes));
-    MLAG_RETURN_IF_ERROR(device_->CopyFromHost(down->data(), zeros.data(), bytes / 2));
+    std::vector<char> zeros(total, 0);
+    MLAG_RETURN_IF_ERROR(device_->CopyFromHost(e.buffer.data(), zeros.data(), total));
   }
-  return absl::OkStatus();
+  char* base = static_cast<char*>(e.buffer.data());
+  const DeviceKind kind = device_->kind();
+  e.gate_up.values = Tensor(base, expert_dtype_, {L, 2 * I, D}, kind);
+  e.down.values = Tensor(base + gu_bytes, expert_dtype_, {L, D, I}, kind);
+  if (fp8) {
+    e.gate_up.scales =
+        Tensor(base + gu_bytes + dn_bytes, DType::kF32, {L, 2 * I, Fp8Blocks(D)}, kind);
+    e.down.scales = Tensor(base + gu_bytes + dn_bytes + gu_scale_bytes, DType::kF32,
+                           {L, D, Fp8Blocks(I)}, kind);
+  }
+  return e;
+}
+
+absl::Status Moe::CopyExpert(Stream& stream, const LinearWeight& src,
+                             const LinearWeight& dst) const {
+  MLAG_RETURN_IF_ERROR(Copy(stream, src.values, dst.values));
+  if (!src.has_scales()) return absl::OkStatus();
+  return Copy(stream, src.scales, dst.scales);
 }
 
 absl::Status Moe::MigrateExperts(Stream& stream, Communicator& world, const ExpertPlacement& from,
@@ -96,12 +128,16 @@ absl::Status Moe::MigrateExperts(Stream& stream, Communicator& world, const Expe
   }
   std::vector<int> next = me < to.world ? to.ExpertsOf(me) : std::vector<int>();
   if (next == local_experts_) return absl::OkStatus();  // nothing moves on or off this rank
-  const int64_t D = config_.hidden_size, I = config_.moe_intermediate_size;
-  const int64_t L = static_cast<int64_t>(next.size());
-  Buffer gate_up, down;
-  MLAG_RETURN_IF_ERROR(AllocateExpertBuffers(L, &gate_up, &down));
-  const Tensor new_gu = gate_up.AsTensor(DType::kF32, {std::max<int64_t>(L, 1), 2 * I, D});
-  const Tensor new_dn = down.AsTensor(DType::kF32, {std::max<int64_t>(L, 1), D, I});
+  MLAG_ASSIGN_OR_RETURN(Experts next_experts, AllocateExperts(static_cast<int64_t>(next.size())));
+  const LinearWeight& new_gu = next_experts.gate_up;
+  const LinearWeight& new_dn = next_experts.down;
+  // Values then scales (fp8) of gate|up and of down: the same order on the
+  // sending and the receiving rank.
+  auto parts = [](const LinearWeight& gu, const LinearWeight& dn) {
+    std::vector<Tensor> t = {gu.values, dn.values};
+    if (gu.has_scales()) t.insert(t.end(), {gu.scales, dn.scales});
+    return t;
+  };
   // Every rank walks the experts in the same order: each transfer involves
   // one sender and one receiver, so blocking sends cannot deadlock.
   for (int e = 0; e < E; ++e) {
@@ -110,29 +146,27 @@ absl::Status Moe::MigrateExperts(Stream& stream, Communicator& world, const Expe
     if (me == src && me == dst) {
       NodeScope s(stream, Node("migrate_local"), OpKind::kCopy);
       MLAG_RETURN_IF_ERROR(
-          Copy(stream, expert_gate_up(from.slot[e]), new_gu.Select(0, to.slot[e])));
-      MLAG_RETURN_IF_ERROR(Copy(stream, expert_down(from.slot[e]), new_dn.Select(0, to.slot[e])));
+          CopyExpert(stream, expert_gate_up(from.slot[e]), new_gu.Select(to.slot[e])));
+      MLAG_RETURN_IF_ERROR(
+          CopyExpert(stream, expert_down(from.slot[e]), new_dn.Select(to.slot[e])));
     } else if (me == src) {
       NodeScope s(stream, Node("migrate_send"), OpKind::kComm);
-      MLAG_RETURN_IF_ERROR(world.Send(stream, expert_gate_up(from.slot[e]), dst));
-      MLAG_RETURN_IF_ERROR(world.Send(stream, expert_down(from.slot[e]), dst));
+      for (const Tensor& t : parts(expert_gate_up(from.slot[e]), expert_down(from.slot[e]))) {
+        MLAG_RETURN_IF_ERROR(world.Send(stream, t, dst));
+      }
     } else {
       NodeScope s(stream, Node("migrate_recv"), OpKind::kComm);
-      MLAG_RETURN_IF_ERROR(world.Recv(stream, new_gu.Select(0, to.slot[e]), src));
-      MLAG_RETURN_IF_ERROR(world.Recv(stream, new_dn.Select(0, to.slot[e]), src));
+      for (const Tensor& t : parts(new_gu.Select(to.slot[e]), new_dn.Select(to.slot[e]))) {
+        MLAG_RETURN_IF_ERROR(world.Recv(stream, t, src));
+      }
     }
   }
   MLAG_RETURN_IF_ERROR(stream.Synchronize());
-  gate_up_buf_ = std::move(gate_up);
-  down_buf_ = std::move(down);
-  w_gate_up_ = new_gu;
-  w_down_ = new_dn;
+  experts_ = std::move(next_experts);
   return SetLocalExperts(std::move(next));
 }
 
-size_t Moe::expert_bytes() const {
-  return size_t{3} * config_.moe_intermediate_size * config_.hidden_size * sizeof(float);
-}
+size_t Moe::expert_bytes() const { return expert_gate_up(0).nbytes() + expert_down(0).nbytes(); }
 
 absl::Status Moe::Forward(Stream& stream, const ActivationBuffers& acts, const Tensor& x,
                           const Tensor& out, std::vector<int32_t>* routing_record,
@@ -165,7 +199,7 @@ absl::Status Moe::Forward(Stream& stream, const ActivationBuffers& acts, const T
     const Tensor ids_all = ViewAs(acts.ep_ids, {N * T, K});
     const Tensor weights_all = ViewAs(acts.ep_weights, {N * T, K});
     const Tensor y_all = ViewAs(acts.ep_y, {N * T, D});
-    if (y_all.numel() == 0) {
+    if (acts.ep_choices.data() == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat("expert-parallel group of ", N, " ranks, activations sized for fewer"));
     }
@@ -175,17 +209,38 @@ absl::Status Moe::Forward(Stream& stream, const ActivationBuffers& acts, const T
           {x, x_all}, {ids, ids_all}, {weights, weights_all}};
       MLAG_RETURN_IF_ERROR(ep->AllGatherMany(stream, gathers));
     }
-    {
-      NodeScope s(stream, Node("experts"), OpKind::kGemm);
-      MLAG_RETURN_IF_ERROR(
-          MoeExperts(stream, x_all, ids_all, weights_all, expert_map_, w_gate_up_, w_down_, y_all));
+    if (!stream.is_cuda()) {
+      // Host: every token's weighted choices travel whole (each is nonzero on
+      // exactly one rank, so the reduction adds only zeros to it) and are
+      // summed in k order, as without expert parallelism: the result does not
+      // depend on the group size.
+      {
+        NodeScope s(stream, Node("experts"), OpKind::kGemm);
+        MLAG_RETURN_IF_ERROR(MoeExperts(stream, x_all, ids_all, weights_all, expert_map_,
+                                        experts_.gate_up, experts_.down,
+                                        ViewAs(acts.ep_y, {N * T, K, D})));
+      }
+      const Tensor choices = ViewAs(acts.ep_choices, {T, K, D});
+      {
+        NodeScope s(stream, Node("combine"), OpKind::kComm);
+        MLAG_RETURN_IF_ERROR(ep->ReduceScatter(stream, ViewAs(acts.ep_y, {N * T, K * D}),
+                                               ViewAs(acts.ep_choices, {T, K * D})));
+      }
+      NodeScope s(stream, Node("sum_choices"), OpKind::kKernel);
+      MLAG_RETURN_IF_ERROR(MoeSumChoices(stream, choices, out));
+    } else {
+      {
+        NodeScope s(stream, Node("experts"), OpKind::kGemm);
+        MLAG_RETURN_IF_ERROR(MoeExperts(stream, x_all, ids_all, weights_all, expert_map_,
+                                        experts_.gate_up, experts_.down, y_all));
+      }
+      NodeScope s(stream, Node("combine"), OpKind::kComm);
+      MLAG_RETURN_IF_ERROR(ep->ReduceScatter(stream, y_all, out));
     }
-    NodeScope s(stream, Node("combine"), OpKind::kComm);
-    MLAG_RETURN_IF_ERROR(ep->ReduceScatter(stream, y_all, out));
   } else {
     NodeScope s(stream, Node("experts"), OpKind::kGemm);
     MLAG_RETURN_IF_ERROR(
-        MoeExperts(stream, x, ids, weights, expert_map_, w_gate_up_, w_down_, out));
+        MoeExperts(stream, x, ids, weights, expert_map_, experts_.gate_up, experts_.down, out));
   }
   if (!shared_) return absl::OkStatus();
   const Tensor shared_out = Rows(acts.shared_out, T);

@@ -54,16 +54,18 @@ class Moe {
 
   // The expert weights of local slot `slot`: gate|up [2*Im, D] and down
   // [D, Im] (device memory).
-  Tensor expert_gate_up(int slot) const { return w_gate_up_.Select(0, slot); }
-  Tensor expert_down(int slot) const { return w_down_.Select(0, slot); }
+  LinearWeight expert_gate_up(int slot) const { return experts_.gate_up.Select(slot); }
+  LinearWeight expert_down(int slot) const { return experts_.down.Select(slot); }
 
-  // Bytes of one routed expert's weights (gate, up and down).
+  // Bytes of one routed expert's weights (gate, up and down, with scales).
   size_t expert_bytes() const;
   // Bytes of the routed-expert buffers this block holds (owned here, not in
   // the model's weight arena).
-  size_t expert_buffer_bytes() const { return gate_up_buf_.bytes() + down_buf_.bytes(); }
+  size_t expert_buffer_bytes() const { return experts_.buffer.bytes(); }
 
   const std::vector<int>& local_experts() const { return local_experts_; }
+  // The routed experts' dtype (their fp8 scales aside).
+  DType expert_dtype() const { return expert_dtype_; }
 
  private:
   std::string Node(const char* op) const;
@@ -75,14 +77,23 @@ class Moe {
   Tensor correction_bias_;  // [E] (noaux_tc) or empty
   // Installs `experts` as the local set: expert_map_ follows.
   absl::Status SetLocalExperts(std::vector<int> experts);
-  // Allocates expert buffers for `slots` local experts (at least one slot).
-  absl::Status AllocateExpertBuffers(int64_t slots, Buffer* gate_up, Buffer* down) const;
+  // The routed experts' weights in one buffer, owned here: migration
+  // replaces it.
+  struct Experts {
+    Buffer buffer;
+    LinearWeight gate_up;  // [max(L,1), 2*Im, D]
+    LinearWeight down;     // [max(L,1), D, Im]
+  };
+  // Allocates expert weights for `slots` local experts (at least one slot)
+  // in expert_dtype_.
+  absl::StatusOr<Experts> AllocateExperts(int64_t slots) const;
+  // Copies or moves one expert's weights (values and scales) between slots.
+  absl::Status CopyExpert(Stream& stream, const LinearWeight& src, const LinearWeight& dst) const;
 
   Device* device_ = nullptr;
-  Tensor expert_map_;              // i32 [E]
-  Buffer gate_up_buf_, down_buf_;  // owned here: migration replaces them
-  Tensor w_gate_up_;               // [max(L,1), 2*Im, D]
-  Tensor w_down_;                  // [max(L,1), D, Im]
+  DType expert_dtype_ = DType::kF32;
+  Tensor expert_map_;  // i32 [E]
+  Experts experts_;
   std::unique_ptr<Mlp> shared_;
 };
 

@@ -1,11 +1,165 @@
 #include "layers/weight_arena.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/host/parallel.h"
+#include "runtime/core/fp8_blocks.h"
 #include "runtime/core/status.h"
 
 namespace mlag {
+namespace {
+
+// Rows per parallel conversion item: one fp8 block row.
+constexpr int64_t kConvertRows = kFp8BlockSize;
+
+// Checks fp8 block scales and values read from `name`.
+absl::Status CheckFp8(const std::string& name, const uint8_t* q, int64_t n, const float* scales,
+                      int64_t num_scales) {
+  for (int64_t i = 0; i < num_scales; ++i) {
+    if (!(scales[i] > 0.0f && scales[i] <= kFp8MaxScale)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", name, "': fp8 block scale ", i, " is ", scales[i],
+                       ", expected a finite value in (0, ", kFp8MaxScale, "]"));
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if ((q[i] & 0x7f) == 0x7f) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", name, "': fp8 element ", i, " is NaN"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+float* WeightArena::Staging(int64_t n) {
+  if (static_cast<int64_t>(staging_.size()) < n) staging_.resize(static_cast<size_t>(n));
+  return staging_.data();
+}
+
+absl::string_view WeightFormatName(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kAuto:
+      return "auto";
+    case WeightFormat::kF32:
+      return "f32";
+    case WeightFormat::kBF16:
+      return "bf16";
+    case WeightFormat::kFp8:
+      return "fp8";
+  }
+  return "?";
+}
+
+absl::StatusOr<WeightFormat> ParseWeightFormat(absl::string_view name) {
+  for (WeightFormat f :
+       {WeightFormat::kAuto, WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kFp8}) {
+    if (WeightFormatName(f) == name) return f;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("weight dtype '", name, "': expected auto, f32, bf16 or fp8"));
+}
+
+DType WeightArena::LinearDType(const WeightSource& source, absl::string_view name,
+                               bool allow_fp8) const {
+  if (device_->is_cuda()) return DType::kF32;
+  DType d = DType::kF32;
+  switch (format_) {
+    case WeightFormat::kAuto: {
+      const DType stored = source.StoredDType(name);
+      d = stored == DType::kBF16 || stored == DType::kF8E4M3 ? stored : DType::kF32;
+      break;
+    }
+    case WeightFormat::kF32:
+      d = DType::kF32;
+      break;
+    case WeightFormat::kBF16:
+      d = DType::kBF16;
+      break;
+    case WeightFormat::kFp8:
+      d = DType::kF8E4M3;
+      break;
+  }
+  return d == DType::kF8E4M3 && !allow_fp8 ? DType::kBF16 : d;
+}
+
+absl::StatusOr<LinearWeight> WeightArena::AllocateLinear(std::initializer_list<int64_t> shape,
+                                                         DType dtype) {
+  LinearWeight w;
+  MLAG_ASSIGN_OR_RETURN(w.values, Allocate(shape, dtype));
+  if (dtype == DType::kF8E4M3) {
+    std::vector<int64_t> s(shape);
+    s.back() = Fp8Blocks(s.back());
+    Tensor probe(nullptr, DType::kF32, s);
+    MLAG_ASSIGN_OR_RETURN(Buffer buf, device_->Allocate(probe.nbytes()));
+    if (probe.nbytes() > 0) std::memset(buf.data(), 0, probe.nbytes());
+    w.scales = buf.AsTensor(DType::kF32, s);
+    bytes_ += buf.bytes();
+    bytes_by_dtype_[DType::kF32] += buf.bytes();
+    buffers_.push_back(std::move(buf));
+  }
+  return w;
+}
+
+absl::StatusOr<LinearWeight> WeightArena::LoadLinear(WeightSource& source, const std::string& name,
+                                                     std::initializer_list<int64_t> shape,
+                                                     bool allow_fp8) {
+  MLAG_ASSIGN_OR_RETURN(LinearWeight w,
+                        AllocateLinear(shape, LinearDType(source, name, allow_fp8)));
+  MLAG_RETURN_IF_ERROR(LoadLinearInto(source, name, shape, w));
+  return w;
+}
+
+absl::Status WeightArena::LoadLinearInto(WeightSource& source, const std::string& name,
+                                         std::initializer_list<int64_t> shape,
+                                         const LinearWeight& dst) {
+  const DType dtype = dst.values.dtype();
+  if (dtype == DType::kF32) return LoadInto(source, name, shape, dst.values);
+  const std::vector<int64_t> dims(shape);
+  if (dims.size() != 2 || dst.values.numel() != dims[0] * dims[1] || !dst.values.is_contiguous() ||
+      device_->is_cuda()) {
+    return absl::InternalError(absl::StrCat("LoadLinearInto '", name, "': destination ",
+                                            dst.values.ShapeString(), " in ", DTypeName(dtype),
+                                            " does not fit"));
+  }
+  const int64_t rows = dims[0], cols = dims[1];
+  const DType stored = source.StoredDType(name);
+  if (dtype == DType::kBF16) {
+    if (stored == DType::kBF16) return source.ReadStored(name, dims, dst.values.data(), nullptr);
+    float* f32 = Staging(rows * cols);
+    MLAG_RETURN_IF_ERROR(source.ReadF32(name, dims, f32));
+    host::ParallelFor((rows + kConvertRows - 1) / kConvertRows, [&](int64_t c) {
+      const int64_t r0 = c * kConvertRows, r1 = std::min(rows, r0 + kConvertRows);
+      ConvertFromF32(f32 + r0 * cols, DType::kBF16, dst.values.data_as<uint16_t>() + r0 * cols,
+                     static_cast<size_t>((r1 - r0) * cols));
+    });
+    return absl::OkStatus();
+  }
+  // fp8: as stored, or quantized here; then the block scales go per row.
+  uint8_t* q = dst.values.data_as<uint8_t>();
+  const int64_t col_blocks = Fp8Blocks(cols);
+  std::vector<float> block_scales(static_cast<size_t>(Fp8Blocks(rows) * col_blocks));
+  if (stored == DType::kF8E4M3) {
+    MLAG_RETURN_IF_ERROR(source.ReadStored(name, dims, q, block_scales.data()));
+    MLAG_RETURN_IF_ERROR(CheckFp8(name, q, rows * cols, block_scales.data(),
+                                  static_cast<int64_t>(block_scales.size())));
+  } else {
+    float* f32 = Staging(rows * cols);
+    MLAG_RETURN_IF_ERROR(source.ReadF32(name, dims, f32));
+    host::ParallelFor(Fp8Blocks(rows), [&](int64_t br) {
+      const int64_t r0 = br * kFp8BlockSize, r1 = std::min(rows, r0 + kFp8BlockSize);
+      QuantizeFp8Blocks(f32 + r0 * cols, r1 - r0, cols, q + r0 * cols,
+                        block_scales.data() + br * col_blocks);
+    });
+    MLAG_RETURN_IF_ERROR(CheckFp8(name, q, rows * cols, block_scales.data(),
+                                  static_cast<int64_t>(block_scales.size())));
+  }
+  ExpandFp8RowScales(block_scales.data(), rows, cols, dst.scales.data_as<float>());
+  return absl::OkStatus();
+}
 
 absl::StatusOr<Tensor> WeightArena::Allocate(std::initializer_list<int64_t> shape, DType dtype) {
   return AllocateImpl(shape, dtype, /*zero=*/true);
@@ -25,6 +179,7 @@ absl::StatusOr<Tensor> WeightArena::AllocateImpl(std::initializer_list<int64_t> 
   }
   Tensor t = buf.AsTensor(dtype, shape);
   bytes_ += buf.bytes();
+  bytes_by_dtype_[dtype] += buf.bytes();
   buffers_.push_back(std::move(buf));
   return t;
 }
@@ -47,9 +202,9 @@ absl::Status WeightArena::LoadInto(WeightSource& source, const std::string& name
   if (!device_->is_cuda()) {
     return source.ReadF32(name, probe.shape(), dst.data_as<float>());
   }
-  std::vector<float> staging(static_cast<size_t>(probe.numel()));
-  MLAG_RETURN_IF_ERROR(source.ReadF32(name, probe.shape(), staging.data()));
-  return device_->CopyFromHost(dst.data(), staging.data(), staging.size() * sizeof(float));
+  float* staging = Staging(probe.numel());
+  MLAG_RETURN_IF_ERROR(source.ReadF32(name, probe.shape(), staging));
+  return device_->CopyFromHost(dst.data(), staging, probe.nbytes());
 }
 
 absl::StatusOr<std::vector<float>> WeightArena::ReadHost(WeightSource& source,

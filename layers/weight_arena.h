@@ -1,20 +1,61 @@
 // Owns a model's parameter buffers on its device and fills them from a
 // WeightSource. On the host the f32 data is read straight into the buffer; on
 // CUDA it is staged through host memory.
+//
+// Projection weights (LinearWeight) are held in the arena's WeightFormat:
+// f32, bf16, or fp8 e4m3 with per-row 128-column block scales; kAuto keeps
+// each tensor's stored dtype (bf16 and fp8 as stored, anything else f32).
+// Everything else (norms, router gate, correction bias, embeddings) is f32.
+// A CUDA device holds every projection in f32, dequantized at load.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kernels/linear.h"
 #include "layers/weight_source.h"
 #include "runtime/core/device.h"
 
 namespace mlag {
 
+enum class WeightFormat { kAuto, kF32, kBF16, kFp8 };
+
+// "auto", "f32", "bf16", "fp8".
+absl::string_view WeightFormatName(WeightFormat format);
+absl::StatusOr<WeightFormat> ParseWeightFormat(absl::string_view name);
+
 class WeightArena {
  public:
-  explicit WeightArena(Device* device) : device_(device) {}
+  explicit WeightArena(Device* device, WeightFormat format = WeightFormat::kAuto)
+      : device_(device), format_(format) {}
+
+  WeightFormat format() const { return format_; }
+
+  // The dtype projection `name` is held in (see the file comment); with
+  // allow_fp8 false (lm_head, as DeepSeek-V3 keeps it), fp8 becomes bf16.
+  DType LinearDType(const WeightSource& source, absl::string_view name,
+                    bool allow_fp8 = true) const;
+
+  // A new zero-filled projection of `shape` ([.., out, in]) in `dtype`, with
+  // its scales for fp8.
+  absl::StatusOr<LinearWeight> AllocateLinear(std::initializer_list<int64_t> shape, DType dtype);
+
+  // A new projection holding source tensor `name` [out, in] in LinearDType.
+  absl::StatusOr<LinearWeight> LoadLinear(WeightSource& source, const std::string& name,
+                                          std::initializer_list<int64_t> shape,
+                                          bool allow_fp8 = true);
+
+  // Reads source tensor `name` [rows, cols] into `dst`, a view of arena (or
+  // arena-device) memory of that shape in any projection dtype, converting
+  // as needed: bf16 and fp8 are copied as stored when stored so; otherwise
+  // f32 is rounded to bf16, or quantized to fp8 in 128 x 128 blocks. fp8
+  // block scales must be finite, positive and at most kFp8MaxScale, and fp8
+  // values must not be NaN (errors name the tensor).
+  absl::Status LoadLinearInto(WeightSource& source, const std::string& name,
+                              std::initializer_list<int64_t> shape, const LinearWeight& dst);
 
   Device& device() const { return *device_; }
 
@@ -40,15 +81,25 @@ class WeightArena {
   absl::Status Upload(const std::vector<float>& host, const Tensor& dst);
   absl::Status Upload(const std::vector<int32_t>& host, const Tensor& dst);
 
-  // Bytes of parameters held.
+  // Frees the staging memory of conversions (call once loading is done).
+  void ReleaseStaging() { std::vector<float>().swap(staging_); }
+
+  // Bytes of parameters held, in all and by dtype (fp8 scales count as f32).
   size_t bytes() const { return bytes_; }
+  const std::map<DType, size_t>& bytes_by_dtype() const { return bytes_by_dtype_; }
 
  private:
   absl::StatusOr<Tensor> AllocateImpl(std::initializer_list<int64_t> shape, DType dtype, bool zero);
 
   Device* device_;
+  WeightFormat format_;
   std::vector<Buffer> buffers_;
   size_t bytes_ = 0;
+  std::map<DType, size_t> bytes_by_dtype_;
+  // f32 staging of conversions and uploads, reused: fresh memory for every
+  // tensor would page-fault (and be zeroed by the kernel) once per tensor.
+  std::vector<float> staging_;
+  float* Staging(int64_t n);
 };
 
 }  // namespace mlag

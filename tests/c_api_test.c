@@ -172,6 +172,7 @@ static void test_defaults(void) {
   CHECK(o.block_size > 0 && o.max_model_len == 0);
   CHECK(o.capture_sizes == NULL && o.num_capture_sizes == 0);
   CHECK(o.graph_mode == MLAG_GRAPH_FULL_DECODE && o.enable_prefix_caching == 1 && o.seed == 0);
+  CHECK(o.weight_dtype != NULL && strcmp(o.weight_dtype, "auto") == 0);
   memset(&p, 0xff, sizeof(p));
   CHECK_STATUS(mlag_sampling_params_default(&p), MLAG_OK);
   CHECK(p.struct_size == sizeof(p));
@@ -267,6 +268,12 @@ static void test_create_errors(const reference* ref) {
   o.max_model_len = -1;
   CHECK_STATUS(mlag_engine_create(&o, &engine), MLAG_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("max_model_len");
+  CHECK(engine == NULL);
+
+  options_from_reference(ref, MLAG_GRAPH_FULL_DECODE, &o);
+  o.weight_dtype = "int4";
+  CHECK_STATUS(mlag_engine_create(&o, &engine), MLAG_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("weight dtype");
   CHECK(engine == NULL);
 
   CHECK_STATUS(mlag_engine_destroy(NULL), MLAG_OK);

@@ -95,6 +95,15 @@ PY
   then ok; else bad "bench JSON content"; fi
 fi
 
+# fp8: export in DeepSeek-V3's layout, run the directory, info names the fp8
+# weights and their bytes; every command takes --weight-dtype.
+if "$MLAG" export --model tiny-v3 --weight-dtype fp8 --out "$TMP/fp8" >/dev/null; then ok; else bad "fp8 export"; fi
+if "$MLAG" run --model "$TMP/fp8" --num-requests 2 --prompt-len 7 --max-tokens 3 --json | grep -q '"output_tokens"'; then ok; else bad "fp8 run"; fi
+if "$MLAG" info --model "$TMP/fp8" | grep -q "fp8 [0-9.]* MiB"; then ok; else bad "info does not report fp8 weights"; fi
+if "$MLAG" info --model tiny-v3 --weight-dtype bf16 | grep -q "bf16 [0-9.]* MiB"; then ok; else bad "info --weight-dtype bf16"; fi
+if "$MLAG" graphs --model tiny-v3 --size 2 --max-num-seqs 2 --weight-dtype fp8 >/dev/null; then ok; else bad "graphs --weight-dtype"; fi
+expect_usage_error "weight-dtype" run --model tiny-v3 --weight-dtype int4
+
 # mlag graphs lists kv_update immediately followed by mla.
 "$MLAG" graphs --model tiny-v3 --size 8 --max-num-seqs 8 --dot "$TMP/g.dot" >"$TMP/graphs.txt"
 if grep -q "^size 8: " "$TMP/graphs.txt" && grep -A1 "layers.2.attn.kv_update kernel" "$TMP/graphs.txt" | grep -q "layers.2.attn.mla kernel" && grep -q "digraph" "$TMP/g.dot"; then ok; else bad "graphs listing"; fi

@@ -10,9 +10,9 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "examples/mlag/bench_report.h"
 #include "examples/mlag/cli.h"
 #include "examples/mlag/memory_bandwidth.h"
-#include "nlohmann/json.hpp"
 #include "runtime/core/dtype.h"
 #include "runtime/core/status.h"
 #include "runtime/engine/model_runner.h"
@@ -33,6 +33,7 @@ struct BenchFlags {
   // auto: bf16 on CUDA (what the tensor-core decode kernel reads), f32 on
   // the host (the engine's default there).
   std::string kv_cache_dtype = "auto";
+  std::string weight_dtype = "auto";
   bool json = false;
 };
 
@@ -42,13 +43,6 @@ double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
-
-struct DecodeResult {
-  int batch = 0;
-  double graph_ms = 0, eager_ms = 0;
-  double bytes = 0;         // per step
-  int experts_touched = 0;  // summed over MoE layers
-};
 
 // The decode batch: `batch` sequences with `context` tokens already cached,
 // each computing one new token. Sequence b owns blocks [1 + b*nb, 1 + (b+1)*nb).
@@ -117,6 +111,7 @@ absl::Status Bench(BenchFlags f) {
   if (f.kv_cache_dtype != "auto") {
     MLAG_ASSIGN_OR_RETURN(rc.kv_dtype, ParseDType(f.kv_cache_dtype));
   }
+  MLAG_ASSIGN_OR_RETURN(rc.weight_format, ParseWeightFormat(f.weight_dtype));
   auto t_build = Clock::now();
   MLAG_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
                         ModelRunner::Create(source, device.get(), rc));
@@ -182,87 +177,30 @@ absl::Status Bench(BenchFlags f) {
     MLAG_RETURN_IF_ERROR(runner->Execute({&pre, 1}).status());
     pre_ms.push_back(1e3 * std::chrono::duration<double>(Clock::now() - t0).count());
   }
-  const double prefill_tok_s = f.prefill_len / (Median(pre_ms) / 1e3);
 
-  double tok_s_1 = 0;
-  for (const DecodeResult& r : results) {
-    if (r.batch == 1) tok_s_1 = 1e3 / r.graph_ms;
-  }
-
+  BenchReport report;
+  report.device_name = device->name();
+  report.is_cuda = device->is_cuda();
+  report.bandwidth = bw;
+  report.bandwidth_gib = f.bandwidth_gib;
+  report.model = source.description;
+  report.config = mc;
+  report.weight_bytes = wb.total;
+  report.weight_bytes_by_dtype = runner->model().weight_bytes_by_dtype();
+  report.kv_dtype = rc.kv_dtype;
+  report.weight_format = rc.weight_format;
+  report.context_len = f.context_len;
+  report.steps = f.steps;
+  report.build_seconds = build_s;
+  report.capture_seconds = capture_s;
+  report.decode = results;
+  report.prefill_tokens = f.prefill_len;
+  report.prefill_ms = Median(pre_ms);
   if (f.json) {
-    nlohmann::json j;
-    j["machine"] = {{"device", device->name()},
-                    {"bandwidth_gb_s", bw.bytes_per_second / 1e9},
-                    {"bandwidth_method", bw.method},
-                    {"read_sum_gb_s", bw.read_sum_bytes_per_second / 1e9},
-                    {"gemv_gb_s", bw.gemv_bytes_per_second / 1e9},
-                    {"bandwidth_buffer_bytes", bw.bytes}};
-    j["model"] = {{"name", source.description},
-                  {"layers", mc.num_hidden_layers},
-                  {"hidden", mc.hidden_size},
-                  {"heads", mc.num_attention_heads},
-                  {"routed_experts", mc.n_routed_experts},
-                  {"top_k", mc.num_experts_per_tok},
-                  {"weight_bytes", wb.total}};
-    j["kv_cache_dtype"] = DTypeName(rc.kv_dtype);
-    j["context_len"] = f.context_len;
-    j["steps"] = f.steps;
-    j["build_seconds"] = build_s;
-    j["capture_seconds"] = capture_s;
-    j["decode"] = nlohmann::json::array();
-    for (const DecodeResult& r : results) {
-      const double gbs = r.bytes / (r.graph_ms / 1e3) / 1e9;
-      j["decode"].push_back(
-          {{"batch", r.batch},
-           {"graph_ms", r.graph_ms},
-           {"eager_ms", r.eager_ms},
-           {"graph_tokens_per_s", r.batch / (r.graph_ms / 1e3)},
-           {"eager_tokens_per_s", r.batch / (r.eager_ms / 1e3)},
-           {"graph_speedup", r.eager_ms / r.graph_ms},
-           {"bytes_per_step", r.bytes},
-           {"experts_touched", r.experts_touched},
-           {"achieved_gb_s", gbs},
-           {"fraction_of_bandwidth", gbs * 1e9 / bw.bytes_per_second},
-           {"tokens_per_s_vs_batch1", tok_s_1 > 0 ? r.batch / (r.graph_ms / 1e3) / tok_s_1 : 0.0}});
-    }
-    j["prefill"] = {
-        {"tokens", f.prefill_len}, {"ms", Median(pre_ms)}, {"tokens_per_s", prefill_tok_s}};
-    std::printf("%s\n", j.dump(2).c_str());
-    return absl::OkStatus();
+    PrintBenchJson(report);
+  } else {
+    PrintBenchText(report);
   }
-  std::printf("machine: %s; memory bandwidth %.2f GB/s (%s, %.1f GiB buffer, best of 5",
-              device->name().c_str(), bw.bytes_per_second / 1e9, bw.method, f.bandwidth_gib);
-  if (!device->is_cuda()) {
-    std::printf("; read-sum %.2f GB/s, matrix-vector %.2f GB/s", bw.read_sum_bytes_per_second / 1e9,
-                bw.gemv_bytes_per_second / 1e9);
-  }
-  std::printf(")\n");
-  std::printf(
-      "model: %s: %d layers, hidden %d, %d heads, %d routed experts top-%d, "
-      "%.2f GB of f32 weights\n",
-      source.description.c_str(), mc.num_hidden_layers, mc.hidden_size, mc.num_attention_heads,
-      mc.n_routed_experts, mc.num_experts_per_tok, wb.total / 1e9);
-  std::printf(
-      "decode at context %d (%s cache), median of %d steps; built in %.1f s, %zu graphs "
-      "captured in %.3f s\n\n",
-      f.context_len, std::string(DTypeName(rc.kv_dtype)).c_str(), f.steps, build_s,
-      f.batch_sizes.size(), capture_s);
-  std::printf("%6s %10s %10s %8s %12s %12s %9s %8s %9s %7s %9s\n", "batch", "graph ms", "eager ms",
-              "speedup", "graph tok/s", "eager tok/s", "vs b=1", "experts", "GB/step", "GB/s",
-              "of bw");
-  for (const DecodeResult& r : results) {
-    const double gbs = r.bytes / (r.graph_ms / 1e3) / 1e9;
-    std::printf("%6d %10.2f %10.2f %7.2fx %12.1f %12.1f %8.2fx %8d %9.3f %7.2f %8.1f%%\n", r.batch,
-                r.graph_ms, r.eager_ms, r.eager_ms / r.graph_ms, r.batch / (r.graph_ms / 1e3),
-                r.batch / (r.eager_ms / 1e3),
-                tok_s_1 > 0 ? r.batch / (r.graph_ms / 1e3) / tok_s_1 : 0.0, r.experts_touched,
-                r.bytes / 1e9, gbs, 100.0 * gbs * 1e9 / bw.bytes_per_second);
-  }
-  std::printf("\nprefill: %d tokens in %.1f ms: %.1f tokens/s\n", f.prefill_len, Median(pre_ms),
-              prefill_tok_s);
-  std::printf(
-      "bytes/step = weights read (routed experts: those the batch routes to) + "
-      "KV cache of the batch; 'of bw' = achieved / measured bandwidth\n");
   return absl::OkStatus();
 }
 
@@ -290,6 +228,7 @@ Command AddBenchCommand(CLI::App& app) {
       ->add_option("--kv-cache-dtype", f->kv_cache_dtype,
                    "auto (bf16 on CUDA, f32 on the host), f32 or bf16")
       ->check(CLI::IsMember({"auto", "f32", "bf16"}));
+  AddWeightDtype(bench, &f->weight_dtype);
   bench->add_flag("--json", f->json, "print JSON");
   return {bench, [f] {
             absl::Status s = Bench(*f);

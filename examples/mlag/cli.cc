@@ -62,6 +62,14 @@ void EngineFlags::Register(CLI::App* app) {
   app->add_flag("--no-prefix-caching", no_prefix_caching, "disable prefix caching");
   app->add_option("--kv-cache-dtype", kv_cache_dtype,
                   "auto (f32, the activations' dtype, on every device), f32 or bf16");
+  AddWeightDtype(app, &weight_dtype);
+}
+
+void AddWeightDtype(CLI::App* app, std::string* weight_dtype) {
+  app->add_option("--weight-dtype", *weight_dtype,
+                  "projection weights: auto (as the checkpoint stores them), f32, bf16 or fp8 "
+                  "(e4m3, 128x128 block scales)")
+      ->check(CLI::IsMember({"auto", "f32", "bf16", "fp8"}));
 }
 
 absl::StatusOr<EngineOptions> EngineFlags::ToOptions() const {
@@ -76,6 +84,7 @@ absl::StatusOr<EngineOptions> EngineFlags::ToOptions() const {
   o.max_model_len = max_model_len;
   o.enable_prefix_caching = !no_prefix_caching;
   o.kv_cache_dtype = kv_cache_dtype;
+  o.weight_dtype = weight_dtype;
   return o;
 }
 

@@ -29,6 +29,8 @@ std::string ModelHelp();
 // CLI11's one-line message naming the flag.
 CLI::Validator AtLeast(double min);  // [min, inf)
 CLI::Validator UnitInterval();       // (0, 1]
+// --weight-dtype (auto, f32, bf16 or fp8) into `weight_dtype`.
+void AddWeightDtype(CLI::App* app, std::string* weight_dtype);
 
 // The flags every command that builds an engine takes.
 struct EngineFlags {
@@ -42,6 +44,7 @@ struct EngineFlags {
   int max_model_len = 0;
   bool no_prefix_caching = false;
   std::string kv_cache_dtype = "auto";
+  std::string weight_dtype = "auto";
 
   void Register(CLI::App* app);
   // The engine options; the values were range-checked while parsing, the

@@ -7,6 +7,9 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "examples/mlag/cli.h"
 #include "runtime/checkpoint/hf_layout.h"
 #include "runtime/checkpoint/model_loader.h"
@@ -17,6 +20,7 @@ namespace {
 struct InfoFlags {
   std::string model;
   std::string device = "auto";
+  std::string weight_dtype = "auto";
 };
 
 int Info(const InfoFlags& f) {
@@ -28,6 +32,9 @@ int Info(const InfoFlags& f) {
   ModelOptions options;
   options.max_tokens = 64;
   options.max_seqs = 8;
+  absl::StatusOr<WeightFormat> format = ParseWeightFormat(f.weight_dtype);
+  if (!format.ok()) return Fail(format.status());
+  options.weight_format = *format;
   absl::StatusOr<std::unique_ptr<DeepseekModel>> built =
       BuildModel(*source, device->get(), options);
   if (!built.ok()) return Fail(built.status());
@@ -45,8 +52,26 @@ int Info(const InfoFlags& f) {
               (*built)->attention(0).softmax_scale());
   std::printf("MoE: %d routed experts, top-%d, %d shared, expert width %d\n", c.n_routed_experts,
               c.num_experts_per_tok, c.n_shared_experts, c.moe_intermediate_size);
-  std::printf("tensors: %zu, weights on device: %.1f MiB (f32)\n", ExpectedTensors(c).size(),
-              (*built)->weight_bytes() / 1048576.0);
+  std::string by_dtype;
+  for (const auto& [dtype, bytes] : (*built)->weight_bytes_by_dtype()) {
+    absl::StrAppend(&by_dtype, by_dtype.empty() ? "" : ", ", DTypeName(dtype), " ",
+                    absl::StrFormat("%.2f", bytes / 1048576.0), " MiB");
+  }
+  std::printf("tensors: %zu, weights on device: %.1f MiB (%s)\n", ExpectedTensors(c).size(),
+              (*built)->weight_bytes() / 1048576.0, by_dtype.c_str());
+  if (c.fp8_block_quantized) {
+    std::printf("checkpoint: fp8 e4m3 projections with 128x128 block scales\n");
+  }
+  // Tensors the model does not use: the multi-token-prediction layer(s) of V3.
+  const std::string mtp = absl::StrCat("model.layers.", c.num_hidden_layers, ".");
+  int mtp_tensors = 0;
+  for (const std::string& name : source->weights->Unread()) {
+    mtp_tensors += absl::StartsWith(name, mtp) ? 1 : 0;
+  }
+  if (mtp_tensors > 0) {
+    std::printf("skipped: multi-token-prediction layer %d (%d tensors; not used for decoding)\n",
+                c.num_hidden_layers, mtp_tensors);
+  }
   std::printf("built in %.2f s\n", seconds);
   return 0;
 }
@@ -58,6 +83,7 @@ Command AddInfoCommand(CLI::App& app) {
   CLI::App* info = app.add_subcommand("info", "build a model and describe it");
   info->add_option("--model", f->model, ModelHelp())->required();
   info->add_option("--device", f->device, "auto, host, cuda or cuda:N");
+  AddWeightDtype(info, &f->weight_dtype);
   return {info, [f] { return Info(*f); }};
 }
 

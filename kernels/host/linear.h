@@ -1,17 +1,25 @@
-// Host implementations behind kernels/linear.h, on OpenBLAS. Arguments are
-// validated by the caller (kernels/linear.cc): f32 everywhere, unit-stride
-// last dimensions, row strides that are valid BLAS leading dimensions, and
-// every size within BLAS's int range.
+// Host implementations behind kernels/linear.h. Arguments are validated by
+// the caller (kernels/linear.cc): f32 activations with unit-stride last
+// dimensions and row strides at least the row length; weights contiguous, in
+// f32, bf16 or fp8 with per-row block scales.
 #pragma once
 
+#include "kernels/host/gemm.h"
+#include "kernels/linear.h"
 #include "runtime/core/tensor.h"
 
 namespace mlag::host {
 
-// y = x W^T: cblas_sgemv for one row, cblas_sgemm otherwise.
-void Linear(const Tensor& x, const Tensor& weight, const Tensor& y);
+// The GemmNT operand for `weight` ([.., out, in]), starting at its first row.
+GemmWeights WeightsOf(const LinearWeight& weight);
 
-// One cblas_sgemm per head (see kernels/linear.h for the two layouts).
+// y = x W^T through GemmNT (kernels/host/gemm.h), output columns split over
+// the threads: batch-invariant.
+void Linear(const Tensor& x, const LinearWeight& weight, const Tensor& y);
+
+// transpose_w: one GemmNT per head (batch-invariant; the layout the model
+// uses). Otherwise one cblas_sgemm per head, whose summation order depends
+// on the row count.
 void HeadMatmul(const Tensor& x, const Tensor& weight, bool transpose_w, const Tensor& out);
 
 }  // namespace mlag::host

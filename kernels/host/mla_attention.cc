@@ -175,13 +175,26 @@ const float* RowHead(const Tensor& t, int64_t n, int64_t h) {
   return t.data_as<float>() + n * t.stride(0) + h * t.stride(1);
 }
 
-}  // namespace
-
-int64_t DecodeSplitTokens(int64_t total_tokens, int num_threads) {
-  const int64_t target_items = 2 * static_cast<int64_t>(std::max(num_threads, 1));
-  const int64_t per_item = (total_tokens + target_items - 1) / target_items;
-  return std::max(kMinDecodeSplitTokens, per_item);
+// Merges the normalised partial outputs of one query's splits, in split
+// order: partial k is at partial_out + k * out_stride (rkv floats) with LSE
+// partial_lse[k * lse_stride].
+void MergeSplits(const float* partial_out, int64_t out_stride, const float* partial_lse,
+                 int64_t lse_stride, int64_t num_splits, int64_t rkv, float* out, float* lse) {
+  float total = -INFINITY;
+  for (int64_t k = 0; k < num_splits; ++k) total = LseAdd(total, partial_lse[k * lse_stride]);
+  std::fill(out, out + rkv, 0.0f);
+  for (int64_t k = 0; k < num_splits; ++k) {
+    const float w = LseMergeWeight(partial_lse[k * lse_stride], total);
+    if (w != 0.0f) Axpy(w, partial_out + k * out_stride, out, rkv);
+  }
+  *lse = total;
 }
+
+int64_t NumSplits(int64_t len, int64_t split) {
+  return len <= split ? 1 : (len + split - 1) / split;
+}
+
+}  // namespace
 
 absl::Status MlaDecode(const Tensor& q_latent, const Tensor& q_pe, const Tensor& cache,
                        const Tensor& block_table, const Tensor& seq_lens, float scale,
@@ -193,30 +206,37 @@ absl::Status MlaDecode(const Tensor& q_latent, const Tensor& q_pe, const Tensor&
   const int64_t rkv = q_latent.size(2);
   const int64_t dr = q_pe.size(2);
   const int32_t* lens = seq_lens.data_as<int32_t>();
-  int64_t total_tokens = 0;
-  for (int64_t b = 0; b < batch; ++b) total_tokens += lens[b];
-  const int64_t split =
-      split_tokens > 0 ? split_tokens : DecodeSplitTokens(total_tokens, NumThreads());
+  const int64_t split = split_tokens > 0 ? split_tokens : kAttentionSplitTokens;
 
-  // Work items: a sequence, or one split of a long sequence. Splits write a
-  // normalised partial output and its LSE, merged afterwards.
+  // Work items: one split of a sequence (the whole sequence when it fits one
+  // split) for a group of heads. Splits write a normalised partial output and
+  // its LSE, merged afterwards. Head groups only spread a small batch over the
+  // threads: each (query, split) is computed alone whatever the grouping.
+  int64_t ranges = 0;
+  for (int64_t b = 0; b < batch; ++b) ranges += NumSplits(lens[b], split);
+  const int64_t groups = std::min<int64_t>(
+      heads, std::max<int64_t>(1, (2 * NumThreads() + ranges - 1) / std::max<int64_t>(ranges, 1)));
+  const int64_t heads_per_group = (heads + groups - 1) / std::max<int64_t>(groups, 1);
   struct Item {
-    int64_t b, begin, end;
-    int64_t partial;  // index of the partial slot, -1: writes the output directly
+    int64_t b, begin, end, h0, h1;
+    int64_t partial;  // first partial slot of the sequence, -1: writes the output directly
   };
   std::vector<Item> items;
-  std::vector<int64_t> first_item(static_cast<size_t>(batch) + 1);
+  std::vector<int64_t> first_partial(static_cast<size_t>(batch), -1);
   int64_t num_partials = 0;
   for (int64_t b = 0; b < batch; ++b) {
-    first_item[b] = static_cast<int64_t>(items.size());
     const int64_t len = lens[b];
-    const int64_t num_splits = len <= split ? 1 : (len + split - 1) / split;
+    const int64_t num_splits = NumSplits(len, split);
+    if (num_splits > 1) first_partial[b] = num_partials;
     for (int64_t k = 0; k < num_splits; ++k) {
-      items.push_back({b, len * k / num_splits, len * (k + 1) / num_splits,
-                       num_splits > 1 ? num_partials++ : -1});
+      for (int64_t h0 = 0; h0 < heads; h0 += heads_per_group) {
+        items.push_back({b, k * split, std::min(len, (k + 1) * split), h0,
+                         std::min(heads, h0 + heads_per_group),
+                         num_splits > 1 ? num_partials + k : -1});
+      }
     }
+    if (num_splits > 1) num_partials += num_splits;
   }
-  first_item[batch] = static_cast<int64_t>(items.size());
   std::vector<float> partial_out(static_cast<size_t>(num_partials * heads * rkv));
   std::vector<float> partial_lse(static_cast<size_t>(num_partials * heads));
 
@@ -224,44 +244,37 @@ absl::Status MlaDecode(const Tensor& q_latent, const Tensor& q_pe, const Tensor&
   float* lse_out = lse.data_as<float>();
   ParallelForDynamic(static_cast<int64_t>(items.size()), [&](int64_t i) {
     const Item& item = items[i];
+    const int64_t nh = item.h1 - item.h0;
     Scratch& sc = ThreadScratch();
-    sc.latent.resize(heads);
-    sc.pe.resize(heads);
-    sc.limit.assign(heads, lens[item.b]);
-    sc.state.assign(heads, OnlineSoftmaxInit());
-    sc.acc.assign(static_cast<size_t>(heads * rkv), 0.0f);
-    for (int64_t h = 0; h < heads; ++h) {
-      sc.latent[h] = RowHead(q_latent, item.b, h);
-      sc.pe[h] = RowHead(q_pe, item.b, h);
+    sc.latent.resize(nh);
+    sc.pe.resize(nh);
+    sc.limit.assign(nh, lens[item.b]);
+    sc.state.assign(nh, OnlineSoftmaxInit());
+    sc.acc.assign(static_cast<size_t>(nh * rkv), 0.0f);
+    for (int64_t h = item.h0; h < item.h1; ++h) {
+      sc.latent[h - item.h0] = RowHead(q_latent, item.b, h);
+      sc.pe[h - item.h0] = RowHead(q_pe, item.b, h);
     }
-    const Queries qs{heads, sc.latent.data(), sc.pe.data(), sc.limit.data()};
+    const Queries qs{nh, sc.latent.data(), sc.pe.data(), sc.limit.data()};
     AttendRange(KeysOf(cache, block_table, item.b), rkv, dr, scale, qs, item.begin, item.end,
                 sc.state.data(), sc.acc.data(), sc);
-    for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t h = item.h0; h < item.h1; ++h) {
       const int64_t slot = item.partial < 0 ? item.b * heads + h : item.partial * heads + h;
       float* dst = item.partial < 0 ? out : partial_out.data();
       float* dst_lse = item.partial < 0 ? lse_out : partial_lse.data();
-      Finalize(sc.state[h], sc.acc.data() + h * rkv, rkv, dst + slot * rkv, dst_lse + slot);
+      Finalize(sc.state[h - item.h0], sc.acc.data() + (h - item.h0) * rkv, rkv, dst + slot * rkv,
+               dst_lse + slot);
     }
   });
 
   if (num_partials > 0) {
     ParallelFor(batch, [&](int64_t b) {
-      const int64_t num_splits = first_item[b + 1] - first_item[b];
-      if (num_splits <= 1) return;
-      const int64_t p0 = items[first_item[b]].partial;
+      if (first_partial[b] < 0) return;
+      const int64_t p0 = first_partial[b];
       for (int64_t h = 0; h < heads; ++h) {
-        float total = -INFINITY;
-        for (int64_t k = 0; k < num_splits; ++k) {
-          total = LseAdd(total, partial_lse[(p0 + k) * heads + h]);
-        }
-        float* dst = out + (b * heads + h) * rkv;
-        std::fill(dst, dst + rkv, 0.0f);
-        for (int64_t k = 0; k < num_splits; ++k) {
-          const float w = LseMergeWeight(partial_lse[(p0 + k) * heads + h], total);
-          if (w != 0.0f) Axpy(w, partial_out.data() + ((p0 + k) * heads + h) * rkv, dst, rkv);
-        }
-        lse_out[b * heads + h] = total;
+        MergeSplits(partial_out.data() + (p0 * heads + h) * rkv, heads * rkv,
+                    partial_lse.data() + p0 * heads + h, heads, NumSplits(lens[b], split), rkv,
+                    out + (b * heads + h) * rkv, lse_out + b * heads + h);
       }
     });
   }
@@ -324,17 +337,21 @@ absl::Status MlaPrefill(const Tensor& q_latent, const Tensor& q_pe, const Tensor
       items.push_back({b, r0, std::min<int64_t>(r0 + rows_per_item, qsl[b + 1])});
     }
   }
+  // Each query attends its keys in the splits decode would use for the same
+  // position (kAttentionSplitTokens, aligned at 0), merged in the same way:
+  // prefill and decode give the same bits for the same token.
+  const int64_t split = kAttentionSplitTokens;
   ParallelForDynamic(static_cast<int64_t>(items.size()), [&](int64_t i) {
     const Item& item = items[i];
     const int64_t q_len = qsl[item.b + 1] - qsl[item.b];
     const int64_t context = lens[item.b] - q_len;  // cached tokens before the first new row
     const int64_t nq = (item.r1 - item.r0) * heads;
+    const int64_t key_end = context + (item.r1 - qsl[item.b]);
+    const int64_t max_splits = NumSplits(key_end, split);
     Scratch& sc = ThreadScratch();
     sc.latent.resize(nq);
     sc.pe.resize(nq);
     sc.limit.resize(nq);
-    sc.state.assign(nq, OnlineSoftmaxInit());
-    sc.acc.assign(static_cast<size_t>(nq * rkv), 0.0f);
     for (int64_t r = item.r0; r < item.r1; ++r) {
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t q = (r - item.r0) * heads + h;
@@ -343,13 +360,40 @@ absl::Status MlaPrefill(const Tensor& q_latent, const Tensor& q_pe, const Tensor
         sc.limit[q] = context + (r - qsl[item.b]) + 1;  // causal: up to itself
       }
     }
-    const Queries qs{nq, sc.latent.data(), sc.pe.data(), sc.limit.data()};
-    const int64_t key_end = context + (item.r1 - qsl[item.b]);
-    AttendRange(KeysOf(cache, block_table, item.b), rkv, dr, scale, qs, 0, key_end, sc.state.data(),
-                sc.acc.data(), sc);
+    std::vector<float> partial_out, partial_lse;
+    if (max_splits > 1) {
+      partial_out.resize(static_cast<size_t>(nq * max_splits * rkv));
+      partial_lse.resize(static_cast<size_t>(nq * max_splits));
+    }
+    for (int64_t k = 0; k < max_splits; ++k) {
+      // Queries whose keys reach into split k: a suffix in row order.
+      int64_t first = 0;
+      while (first < nq && sc.limit[first] <= k * split) ++first;
+      const int64_t n = nq - first;
+      sc.state.assign(n, OnlineSoftmaxInit());
+      sc.acc.assign(static_cast<size_t>(n * rkv), 0.0f);
+      const Queries qs{n, sc.latent.data() + first, sc.pe.data() + first, sc.limit.data() + first};
+      AttendRange(KeysOf(cache, block_table, item.b), rkv, dr, scale, qs, k * split,
+                  std::min(key_end, (k + 1) * split), sc.state.data(), sc.acc.data(), sc);
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t q = first + j;
+        if (NumSplits(sc.limit[q], split) == 1) {
+          const int64_t slot = item.r0 * heads + q;
+          Finalize(sc.state[j], sc.acc.data() + j * rkv, rkv, out + slot * rkv, lse_out + slot);
+        } else {
+          const int64_t part = q * max_splits + k;
+          Finalize(sc.state[j], sc.acc.data() + j * rkv, rkv, partial_out.data() + part * rkv,
+                   partial_lse.data() + part);
+        }
+      }
+    }
     for (int64_t q = 0; q < nq; ++q) {
+      const int64_t num_splits = NumSplits(sc.limit[q], split);
+      if (num_splits == 1) continue;
       const int64_t slot = item.r0 * heads + q;
-      Finalize(sc.state[q], sc.acc.data() + q * rkv, rkv, out + slot * rkv, lse_out + slot);
+      MergeSplits(partial_out.data() + q * max_splits * rkv, rkv,
+                  partial_lse.data() + q * max_splits, 1, num_splits, rkv, out + slot * rkv,
+                  lse_out + slot);
     }
   });
   return absl::OkStatus();

@@ -11,16 +11,17 @@
 
 namespace mlag::host {
 
-// Key tokens per decode split for a batch holding `total_tokens` cached tokens
-// on `num_threads` threads: long enough that the LSE merge is cheap (at least
-// kMinDecodeSplitTokens), short enough that about two work items per thread
-// exist. A sequence of L tokens is cut into ceil(L / split) splits of nearly
-// equal length; a sequence of at most `split` tokens is not split.
-inline constexpr int64_t kMinDecodeSplitTokens = 256;
-int64_t DecodeSplitTokens(int64_t total_tokens, int num_threads);
+// Key tokens per attention split. A query at position p attends its keys
+// [0, p] in splits [k * S, (k + 1) * S), each an online softmax from a fresh
+// state, merged through their LSEs in split order (one split: no merge). The
+// splits depend on the position only, never on the batch, the thread count
+// or whether the token is decoded or prefilled, so attention is
+// batch-invariant and prefill gives decode's bits. A multiple of the key tile.
+inline constexpr int64_t kAttentionSplitTokens = 256;
 
-// See MlaDecode in kernels/mla_attention.h. split_tokens > 0 forces the split
-// length (tests); <= 0 uses DecodeSplitTokens.
+// See MlaDecode in kernels/mla_attention.h. split_tokens > 0 forces another
+// split length (tests; prefill then no longer gives the same bits);
+// <= 0 uses kAttentionSplitTokens.
 absl::Status MlaDecode(const Tensor& q_latent, const Tensor& q_pe, const Tensor& cache,
                        const Tensor& block_table, const Tensor& seq_lens, float scale,
                        const Tensor& out_latent, const Tensor& lse, int64_t split_tokens = 0);

@@ -1,7 +1,5 @@
 #include "kernels/host/moe.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -9,15 +7,14 @@
 #include <vector>
 
 #include "kernels/common/routing_math.h"
-#include "kernels/host/blas.h"
+#include "kernels/host/gemm.h"
+#include "kernels/host/linear.h"
 #include "kernels/host/parallel.h"
-#include "kernels/host/small_gemm.h"
 
 namespace mlag::host {
 namespace {
 
 constexpr int64_t kRouteChunk = 16;  // tokens per parallel routing work item
-// Experts with at most this many rows use matrix-vector products.
 
 // row[i] = silu(row[i]) * row[I + i] for i < I: the gate half becomes the
 // activation, in place.
@@ -113,25 +110,34 @@ void MoeRoute(const RoutingParams& params, const Tensor& logits, const Tensor& c
   });
 }
 
+void MoeSumChoices(const float* per_choice, int64_t T, int64_t K, int64_t D, float* out) {
+  ParallelFor(T, [&](int64_t t) {
+    float* orow = out + t * D;
+    std::fill(orow, orow + D, 0.0f);
+    for (int64_t k = 0; k < K; ++k) {
+      const float* p = per_choice + (t * K + k) * D;
+      for (int64_t d = 0; d < D; ++d) orow[d] += p[d];
+    }
+  });
+}
+
 void MoeExperts(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
-                const Tensor& expert_map, const Tensor& w_gate_up, const Tensor& w_down,
+                const Tensor& expert_map, const LinearWeight& w_gate_up, const LinearWeight& w_down,
                 const Tensor& out) {
   const int64_t T = x.size(0);
   const int64_t D = x.size(1);
   const int64_t ldx = x.stride(0);
   const int64_t K = topk_ids.size(1);
   const int64_t E = expert_map.size(0);
-  const int64_t L = w_gate_up.size(0);
-  const int64_t I = w_gate_up.size(1) / 2;
+  const int64_t L = w_gate_up.values.size(0);
+  const int64_t I = w_gate_up.values.size(1) / 2;
   const int32_t* ids = topk_ids.data_as<const int32_t>();
   const float* tw = topk_weights.data_as<const float>();
   const int32_t* map = expert_map.data_as<const int32_t>();
   const float* xp = x.data_as<const float>();
-  const float* wgu = w_gate_up.data_as<const float>();
-  const float* wd = w_down.data_as<const float>();
-  float* o = out.data_as<float>();
+  const GemmWeights wgu = WeightsOf(w_gate_up);
+  const GemmWeights wd = WeightsOf(w_down);
 
-  UseSerialBlas();
   // Group the (token, k) pairs by local slot, in ascending (token, k) order
   // within a slot: row_of[t*K+k] is the pair's row in the per-slot blocks of
   // the scratch matrices, or -1 when the expert is not held here.
@@ -167,6 +173,8 @@ void MoeExperts(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weig
   std::vector<float> h(static_cast<size_t>(N * 2 * I));
   std::vector<float> y(static_cast<size_t>(N * D), 0.0f);
 
+  // Each expert streams its weights once for all its rows (GemmNT), and every
+  // row's result is independent of the other rows routed with it.
   ParallelForDynamic(static_cast<int64_t>(active.size()), [&](int64_t j) {
     const int64_t s = active[j];
     const int64_t r0 = offset[s];
@@ -178,50 +186,31 @@ void MoeExperts(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weig
       std::memcpy(xs + r * D, xp + token_of_row[r0 + r] * ldx, sizeof(float) * D);
     }
     if (I == 0 || D == 0) return;  // f_e == 0; y stays zero
-    const float* w_gu = wgu + s * 2 * I * D;
-    const float* w_dn = wd + s * D * I;
-    if (n == 1) {
-      // One row: matrix-vector products stream the weights once (sgemm
-      // would first pack the whole weight matrix).
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(2 * I), static_cast<int>(D), 1.0f,
-                  w_gu, static_cast<int>(D), xs, 1, 0.0f, hs, 1);
-      SiluMulInPlace(hs, I);
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(D), static_cast<int>(I), 1.0f, w_dn,
-                  static_cast<int>(I), hs, 1, 0.0f, ys, 1);
-      return;
-    }
-    if (n <= kSmallGemmMaxRows) {
-      // The few tokens of a decode batch routed here: stream the expert's
-      // weights once for all of them (small_gemm.h), as above.
-      SmallRowsGemmNT(n, 2 * I, D, xs, D, w_gu, D, hs, 2 * I);
-      for (int64_t r = 0; r < n; ++r) SiluMulInPlace(hs + r * 2 * I, I);
-      SmallRowsGemmNT(n, D, I, hs, 2 * I, w_dn, I, ys, D);
-      return;
-    }
-    // [n, 2I] = X_s [n, D] * W_gu[s]^T, W_gu[s] being [2I, D] row-major.
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n),
-                static_cast<int>(2 * I), static_cast<int>(D), 1.0f, xs, static_cast<int>(D), w_gu,
-                static_cast<int>(D), 0.0f, hs, static_cast<int>(2 * I));
+    GemmNT(n, 2 * I, D, xs, D, wgu.FromRow(s * 2 * I), hs, 2 * I);
     for (int64_t r = 0; r < n; ++r) SiluMulInPlace(hs + r * 2 * I, I);
-    // [n, D] = A [n, I] (lda 2I) * W_down[s]^T, W_down[s] being [D, I].
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(D),
-                static_cast<int>(I), 1.0f, hs, static_cast<int>(2 * I), w_dn, static_cast<int>(I),
-                0.0f, ys, static_cast<int>(D));
+    GemmNT(n, D, I, hs, 2 * I, wd.FromRow(s * D), ys, D);
   });
 
-  // Each token sums its contributions in k order, so the result does not
-  // depend on how experts were spread over threads.
+  // Weighted choices [T, K, D] (zero where the expert is not held here),
+  // then each token sums them in k order: the same bits whether the sum runs
+  // here or after an expert-parallel exchange of the choices.
+  const bool per_choice = out.ndim() == 3;
+  std::vector<float> choices_scratch(per_choice ? 0 : static_cast<size_t>(pairs * D));
+  float* choices = per_choice ? out.data_as<float>() : choices_scratch.data();
   ParallelFor(T, [&](int64_t t) {
-    float* orow = o + t * D;
-    std::fill(orow, orow + D, 0.0f);
     for (int64_t k = 0; k < K; ++k) {
+      float* c = choices + (t * K + k) * D;
       const int64_t row = row_of[t * K + k];
-      if (row < 0) continue;
+      if (row < 0) {
+        std::fill(c, c + D, 0.0f);
+        continue;
+      }
       const float wk = tw[t * K + k];
       const float* yr = y.data() + row * D;
-      for (int64_t d = 0; d < D; ++d) orow[d] += wk * yr[d];
+      for (int64_t d = 0; d < D; ++d) c[d] = wk * yr[d];
     }
   });
+  if (!per_choice) MoeSumChoices(choices, T, K, D, out.data_as<float>());
 }
 
 }  // namespace mlag::host

@@ -43,6 +43,8 @@ static_assert(ParseVersionCode(MLAG_VERSION_STRING) == MLAG_VERSION_CODE,
 // must be at least this.
 constexpr size_t kEngineOptionsV1Size =
     offsetof(mlag_engine_options, seed) + sizeof(mlag_engine_options::seed);
+constexpr size_t kEngineOptionsWeightDtypeSize =
+    offsetof(mlag_engine_options, weight_dtype) + sizeof(mlag_engine_options::weight_dtype);
 constexpr size_t kSamplingParamsV1Size =
     offsetof(mlag_sampling_params, logprobs) + sizeof(mlag_sampling_params::logprobs);
 constexpr size_t kEngineStatsV1Size =
@@ -212,6 +214,7 @@ mlag_status mlag_engine_options_default(mlag_engine_options* options) {
     options->graph_mode = MLAG_GRAPH_FULL_DECODE;
     options->enable_prefix_caching = d.enable_prefix_caching ? 1 : 0;
     options->seed = 0;
+    options->weight_dtype = "auto";
     return Ok();
   });
 }
@@ -284,6 +287,9 @@ mlag_status mlag_engine_create(const mlag_engine_options* options, mlag_engine**
                              options->capture_sizes + options->num_capture_sizes);
     }
     o.enable_prefix_caching = options->enable_prefix_caching != 0;
+    if (options->struct_size >= kEngineOptionsWeightDtypeSize && options->weight_dtype != nullptr) {
+      o.weight_dtype = options->weight_dtype;
+    }
     auto engine = mlag::Engine::Create(o);
     if (!engine.ok()) return FromStatus(fn, engine.status());
     auto handle = std::make_unique<mlag_engine>();

@@ -95,6 +95,11 @@ typedef struct mlag_engine_options {
   mlag_graph_mode graph_mode; /* MLAG_GRAPH_FULL_DECODE by default */
   int enable_prefix_caching;  /* non-zero: reuse KV blocks of shared prompt prefixes */
   uint64_t seed;              /* sampling seed of requests whose own seed is 0 */
+  /* Added in 0.2 (read only when struct_size covers it): how projection
+     weights are held: "auto" (as the checkpoint stores them: bf16 and fp8
+     kept, anything else f32), "f32", "bf16" or "fp8" (e4m3 with 128 x 128
+     block scales). NULL: "auto". Anything else is MLAG_INVALID_ARGUMENT. */
+  const char* weight_dtype;
 } mlag_engine_options;
 
 /* Sampling of one request. Greedy when temperature <= 0. */

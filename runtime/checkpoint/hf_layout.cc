@@ -60,6 +60,10 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
   return t;
 }
 
+bool QuantizedInFp8Checkpoints(const TensorSpec& spec) {
+  return spec.role == TensorRole::kLinear && spec.name != "lm_head.weight";
+}
+
 bool IsIgnorableTensor(const ModelConfig& config, const std::string& name) {
   if (absl::EndsWith(name, "rotary_emb.inv_freq")) return true;
   return absl::StartsWith(name, absl::StrCat("model.layers.", config.num_hidden_layers, "."));

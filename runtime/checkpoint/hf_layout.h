@@ -30,6 +30,11 @@ struct TensorSpec {
 // then each layer's attention and FFN, then final norm and lm_head).
 std::vector<TensorSpec> ExpectedTensors(const ModelConfig& config);
 
+// Whether DeepSeek-V3's fp8 checkpoints store `spec` in fp8 with block
+// scales: every projection inside the layers; not lm_head, the embedding,
+// norms, the router gate or the correction bias.
+bool QuantizedInFp8Checkpoints(const TensorSpec& spec);
+
 // Whether a checkpoint tensor that no layer reads may be ignored: the V3
 // multi-token-prediction layer (model.layers.<num_hidden_layers>.*) and rotary
 // inv_freq buffers some exporters write.

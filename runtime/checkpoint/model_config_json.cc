@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/core/file.h"
+#include "runtime/core/fp8_blocks.h"
 #include "runtime/core/status.h"
 
 namespace mlag {
@@ -412,6 +413,36 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
   MLAG_RETURN_IF_ERROR(f.Bool("attention_bias", &attention_bias));
   if (attention_bias) return f.Error("attention_bias", "true is not supported (MLA has no biases)");
 
+  // ---- quantization: only DeepSeek-V3's fp8 block layout ----
+  if (const json* q = f.Get("quantization_config"); q != nullptr && !q->is_null()) {
+    if (!q->is_object()) {
+      return f.Error("quantization_config", absl::StrCat("expected an object, got ", Describe(*q)));
+    }
+    Fields qf(*q, source, "quantization_config.");
+    std::string method = "fp8", fmt = "e4m3", activations = "dynamic";
+    MLAG_RETURN_IF_ERROR(qf.String("quant_method", &method));
+    MLAG_RETURN_IF_ERROR(qf.String("fmt", &fmt));
+    MLAG_RETURN_IF_ERROR(qf.String("activation_scheme", &activations));
+    if (method != "fp8") {
+      return qf.Error("quant_method",
+                      absl::StrCat("'", method, "' is not supported (only \"fp8\")"));
+    }
+    if (fmt != "e4m3") {
+      return qf.Error("fmt", absl::StrCat("'", fmt, "' is not supported (only \"e4m3\")"));
+    }
+    if (activations != "dynamic") {
+      return qf.Error("activation_scheme",
+                      absl::StrCat("'", activations, "' is not supported (only \"dynamic\")"));
+    }
+    const json* block = qf.Get("weight_block_size");
+    if (block == nullptr || *block != json::array({kFp8BlockSize, kFp8BlockSize})) {
+      return qf.Error("weight_block_size",
+                      absl::StrCat(block == nullptr ? "missing" : Describe(*block),
+                                   ": only [128, 128] blocks are supported"));
+    }
+    c.fp8_block_quantized = true;
+  }
+
   // ---- rope ----
   double theta = 10000.0;
   MLAG_RETURN_IF_ERROR(f.Double("rope_theta", &theta));
@@ -559,6 +590,12 @@ json ModelConfigToJson(const ModelConfig& c) {
   j["hidden_act"] = "silu";
   j["attention_bias"] = false;
   j["torch_dtype"] = "bfloat16";
+  if (c.fp8_block_quantized) {
+    j["quantization_config"] = {{"activation_scheme", "dynamic"},
+                                {"fmt", "e4m3"},
+                                {"quant_method", "fp8"},
+                                {"weight_block_size", {kFp8BlockSize, kFp8BlockSize}}};
+  }
   return j;
 }
 

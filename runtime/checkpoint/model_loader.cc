@@ -11,10 +11,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "kernels/host/parallel.h"
 #include "runtime/checkpoint/builtin_models.h"
 #include "runtime/checkpoint/hf_layout.h"
 #include "runtime/checkpoint/model_config_json.h"
 #include "runtime/core/file.h"
+#include "runtime/core/fp8_blocks.h"
 #include "runtime/core/status.h"
 
 namespace mlag {
@@ -52,8 +54,8 @@ std::vector<std::string> CheckpointWeights::Unread() const {
   return out;
 }
 
-absl::Status CheckpointWeights::ReadF32(absl::string_view name, absl::Span<const int64_t> shape,
-                                        float* dst) {
+absl::StatusOr<const SafetensorsTensor*> CheckpointWeights::Get(absl::string_view name,
+                                                                absl::Span<const int64_t> shape) {
   const SafetensorsTensor* t = checkpoint_->Find(name);
   if (t == nullptr) {
     return absl::NotFoundError(
@@ -64,15 +66,82 @@ absl::Status CheckpointWeights::ReadF32(absl::string_view name, absl::Span<const
         "tensor '", name, "' in ", t->file, " has shape [", absl::StrJoin(t->shape, ", "),
         "], expected [", absl::StrJoin(shape, ", "), "]"));
   }
-  if (!IsFloat(t->dtype)) {
+  if (!IsFloat(t->dtype) && t->dtype != DType::kF8E4M3) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' in ", t->file,
                                                    " has dtype ", DTypeName(t->dtype),
-                                                   ", expected F32, BF16 or F16"));
+                                                   ", expected F32, BF16, F16 or F8_E4M3"));
+  }
+  if (t->dtype == DType::kF8E4M3 && t->shape.size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", name, "' in ", t->file, ": F8_E4M3 is read only for 2-d weight matrices"));
   }
   read_.insert(std::string(name));
+  return t;
+}
+
+absl::Status CheckpointWeights::ReadScales(const SafetensorsTensor& t, float* block_scales) {
+  const std::string name = t.name + "_scale_inv";
+  const std::vector<int64_t> shape = {Fp8Blocks(t.shape[0]), Fp8Blocks(t.shape[1])};
+  const SafetensorsTensor* s = checkpoint_->Find(name);
+  if (s == nullptr) {
+    return absl::NotFoundError(absl::StrCat("checkpoint ", dir_, ": F8_E4M3 tensor '", t.name,
+                                            "' has no block scales '", name, "'"));
+  }
+  if (s->dtype != DType::kF32 || s->shape != shape) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", name, "' in ", s->file, " is ", DTypeName(s->dtype), " [",
+                     absl::StrJoin(s->shape, ", "), "], expected f32 [", absl::StrJoin(shape, ", "),
+                     "] (one scale per 128 x 128 block)"));
+  }
+  read_.insert(name);
+  std::memcpy(block_scales, s->data, s->nbytes);  // possibly misaligned in the file
+  for (int64_t i = 0; i < s->numel(); ++i) {
+    if (!(block_scales[i] > 0.0f && block_scales[i] <= kFp8MaxScale)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", name, "' in ", s->file, ": block scale ", i, " is ",
+                       block_scales[i], ", expected a finite value in (0, ", kFp8MaxScale, "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+DType CheckpointWeights::StoredDType(absl::string_view name) const {
+  const SafetensorsTensor* t = checkpoint_->Find(name);
+  if (t == nullptr) return DType::kF32;
+  return t->dtype == DType::kBF16 || t->dtype == DType::kF8E4M3 ? t->dtype : DType::kF32;
+}
+
+absl::Status CheckpointWeights::ReadStored(absl::string_view name, absl::Span<const int64_t> shape,
+                                           void* dst, float* block_scales) {
+  MLAG_ASSIGN_OR_RETURN(const SafetensorsTensor* t, Get(name, shape));
+  if (t->dtype != DType::kBF16 && t->dtype != DType::kF8E4M3) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor '", name, "' is not stored in bf16 or fp8"));
+  }
+  if (t->nbytes > 0) std::memcpy(dst, t->data, t->nbytes);
+  return t->dtype == DType::kF8E4M3 ? ReadScales(*t, block_scales) : absl::OkStatus();
+}
+
+absl::Status CheckpointWeights::ReadF32(absl::string_view name, absl::Span<const int64_t> shape,
+                                        float* dst) {
+  MLAG_ASSIGN_OR_RETURN(const SafetensorsTensor* t, Get(name, shape));
   const size_t n = static_cast<size_t>(t->numel());
   if (t->dtype == DType::kF32) {
-    std::memcpy(dst, t->data, n * sizeof(float));
+    if (n > 0) std::memcpy(dst, t->data, n * sizeof(float));
+    return absl::OkStatus();
+  }
+  if (t->dtype == DType::kF8E4M3) {
+    std::vector<float> scales(static_cast<size_t>(Fp8Blocks(t->shape[0]) * Fp8Blocks(t->shape[1])));
+    MLAG_RETURN_IF_ERROR(ReadScales(*t, scales.data()));
+    const auto* q = static_cast<const uint8_t*>(t->data);
+    for (size_t i = 0; i < n; ++i) {
+      if ((q[i] & 0x7f) == 0x7f) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor '", name, "' in ", t->file, ": fp8 element ", i, " is NaN"));
+      }
+    }
+    DequantizeFp8Blocks(static_cast<const uint8_t*>(t->data), scales.data(), t->shape[0],
+                        t->shape[1], dst);
     return absl::OkStatus();
   }
   // The mapped data may be misaligned in a foreign file: copy 16-bit values
@@ -139,24 +208,56 @@ absl::StatusOr<std::unique_ptr<DeepseekModel>> BuildModel(ModelSource& source, D
 
 absl::Status ExportModel(const ModelConfig& config, WeightSource& weights, const std::string& dir,
                          DType dtype) {
-  if (!IsFloat(dtype)) return absl::InvalidArgumentError("export dtype must be f32, bf16 or f16");
+  if (!IsFloat(dtype) && dtype != DType::kF8E4M3) {
+    return absl::InvalidArgumentError("export dtype must be f32, bf16, f16 or fp8");
+  }
   if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
     return absl::PermissionDeniedError(
         absl::StrCat("cannot create directory ", dir, ": ", std::strerror(errno)));
   }
+  const bool fp8 = dtype == DType::kF8E4M3;
+  ModelConfig out_config = config;
+  out_config.fp8_block_quantized = fp8;
   MLAG_RETURN_IF_ERROR(
-      WriteFileAtomically(dir + "/config.json", {ModelConfigToJson(config).dump(2) + "\n"}));
+      WriteFileAtomically(dir + "/config.json", {ModelConfigToJson(out_config).dump(2) + "\n"}));
   SafetensorsWriter writer;
   std::vector<float> f32;
   std::vector<uint8_t> stored;
+  std::vector<float> scales;
   for (const TensorSpec& spec : ExpectedTensors(config)) {
     int64_t n = 1;
     for (int64_t s : spec.shape) n *= s;
+    if (fp8 && QuantizedInFp8Checkpoints(spec)) {
+      // DeepSeek-V3's layout: e4m3 values and "<name>_scale_inv", one f32
+      // scale per 128 x 128 block; an fp8 source is copied as stored.
+      const int64_t rows = spec.shape[0], cols = spec.shape[1];
+      const int64_t col_blocks = Fp8Blocks(cols);
+      stored.resize(static_cast<size_t>(n));
+      scales.resize(static_cast<size_t>(Fp8Blocks(rows) * col_blocks));
+      if (weights.StoredDType(spec.name) == DType::kF8E4M3) {
+        MLAG_RETURN_IF_ERROR(
+            weights.ReadStored(spec.name, spec.shape, stored.data(), scales.data()));
+      } else {
+        f32.resize(static_cast<size_t>(n));
+        MLAG_RETURN_IF_ERROR(weights.ReadF32(spec.name, spec.shape, f32.data()));
+        host::ParallelFor(Fp8Blocks(rows), [&](int64_t br) {
+          const int64_t r0 = br * kFp8BlockSize, r1 = std::min(rows, r0 + kFp8BlockSize);
+          QuantizeFp8Blocks(f32.data() + r0 * cols, r1 - r0, cols, stored.data() + r0 * cols,
+                            scales.data() + br * col_blocks);
+        });
+      }
+      MLAG_RETURN_IF_ERROR(writer.Add(spec.name, DType::kF8E4M3, spec.shape, stored.data()));
+      MLAG_RETURN_IF_ERROR(writer.Add(spec.name + "_scale_inv", DType::kF32,
+                                      {Fp8Blocks(rows), col_blocks}, scales.data()));
+      continue;
+    }
     f32.resize(static_cast<size_t>(n));
     MLAG_RETURN_IF_ERROR(weights.ReadF32(spec.name, spec.shape, f32.data()));
-    stored.resize(static_cast<size_t>(n) * DTypeSize(dtype));
-    // The correction bias stays f32, as in released V3 checkpoints.
-    DType d = spec.role == TensorRole::kCorrectionBias ? DType::kF32 : dtype;
+    // The correction bias stays f32, as in released V3 checkpoints; fp8
+    // checkpoints keep everything else that is not quantized in bf16.
+    const DType d = spec.role == TensorRole::kCorrectionBias ? DType::kF32
+                    : fp8                                    ? DType::kBF16
+                                                             : dtype;
     stored.resize(static_cast<size_t>(n) * DTypeSize(d));
     ConvertFromF32(f32.data(), d, stored.data(), static_cast<size_t>(n));
     MLAG_RETURN_IF_ERROR(writer.Add(spec.name, d, spec.shape, stored.data()));

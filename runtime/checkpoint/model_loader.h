@@ -21,12 +21,24 @@ class CheckpointWeights final : public WeightSource {
  public:
   explicit CheckpointWeights(std::unique_ptr<Checkpoint> checkpoint, std::string dir);
 
+  // fp8 tensors (F8_E4M3 with an F32 "<name>_scale_inv" of block scales)
+  // are dequantized by Fp8Dequantize; reading a weight marks its scales read.
   absl::Status ReadF32(absl::string_view name, absl::Span<const int64_t> shape,
                        float* dst) override;
+  DType StoredDType(absl::string_view name) const override;
+  absl::Status ReadStored(absl::string_view name, absl::Span<const int64_t> shape, void* dst,
+                          float* block_scales) override;
   bool Has(absl::string_view name) const override;
   std::vector<std::string> Unread() const override;
 
  private:
+  // The tensor `name` with shape `shape`, marked read; errors name both.
+  absl::StatusOr<const SafetensorsTensor*> Get(absl::string_view name,
+                                               absl::Span<const int64_t> shape);
+  // The block scales of fp8 tensor `t` [rows, cols] into `block_scales`
+  // ([Fp8Blocks(rows), Fp8Blocks(cols)]), marked read.
+  absl::Status ReadScales(const SafetensorsTensor& t, float* block_scales);
+
   std::unique_ptr<Checkpoint> checkpoint_;
   std::string dir_;
   absl::flat_hash_set<std::string> read_;
@@ -52,7 +64,11 @@ absl::StatusOr<std::unique_ptr<DeepseekModel>> BuildModel(ModelSource& source, D
 // Writes `config` as config.json and every tensor ExpectedTensors(config)
 // lists, read from `weights` and stored as `dtype` (bf16 by default, as
 // released checkpoints are), into `dir` as model.safetensors (created if
-// missing).
+// missing). dtype kF8E4M3 writes DeepSeek-V3's layout: the projections
+// (QuantizedInFp8Checkpoints) as F8_E4M3 plus "<name>_scale_inv" block scales
+// computed from the weights (or copied from an fp8 source), the rest bf16
+// (the correction bias f32), and quantization_config in config.json. Any
+// other dtype dequantizes an fp8 source (Fp8Dequantize).
 absl::Status ExportModel(const ModelConfig& config, WeightSource& weights, const std::string& dir,
                          DType dtype = DType::kBF16);
 

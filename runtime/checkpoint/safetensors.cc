@@ -41,14 +41,14 @@ struct DTypeSpelling {
   DType dtype;
 };
 constexpr DTypeSpelling kDTypes[] = {
-    {"F32", DType::kF32}, {"BF16", DType::kBF16}, {"F16", DType::kF16},
-    {"I32", DType::kI32}, {"I64", DType::kI64},   {"U8", DType::kU8},
+    {"F32", DType::kF32}, {"BF16", DType::kBF16}, {"F16", DType::kF16},        {"I32", DType::kI32},
+    {"I64", DType::kI64}, {"U8", DType::kU8},     {"F8_E4M3", DType::kF8E4M3},
 };
 // Valid safetensors dtypes this runtime does not read (yet): Unimplemented
 // rather than InvalidArgument, since the file itself is fine.
 constexpr const char* kUnsupportedDTypes[] = {
     "BOOL", "I8", "I16",     "U16",     "U32",     "U64",     "F64",
-    "C64",  "F4", "F6_E2M3", "F6_E3M2", "F8_E5M2", "F8_E4M3", "F8_E8M0",
+    "C64",  "F4", "F6_E2M3", "F6_E3M2", "F8_E5M2", "F8_E8M0",
 };
 
 // Reads a non-negative JSON integer; false when `v` is anything else.

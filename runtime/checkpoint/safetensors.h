@@ -49,7 +49,7 @@ struct SafetensorsTensor {
   int64_t numel() const;
 };
 
-// "F32", "BF16", "F16", "I32", "I64", "U8": the safetensors spelling.
+// "F32", "BF16", "F16", "I32", "I64", "U8", "F8_E4M3": the safetensors spelling.
 absl::string_view SafetensorsDTypeName(DType dtype);
 
 // One memory-mapped .safetensors file.
@@ -58,7 +58,7 @@ class SafetensorsFile {
   // Maps `path` (read-only, MAP_PRIVATE) and validates the whole header:
   // NotFound for a missing file; DataLoss for an empty or truncated file
   // (shorter than 8 bytes, header or data_offsets past the end); Unimplemented
-  // for a safetensors dtype this runtime does not read (F8_E4M3, F64, ...);
+  // for a safetensors dtype this runtime does not read (F8_E5M2, F64, ...);
   // InvalidArgument for any other malformed header (not JSON, not an object,
   // missing or mistyped fields, negative dims, byte size != numel * dtype size,
   // overlapping ranges, duplicate names).

@@ -1,5 +1,7 @@
 #include "runtime/core/device.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -20,6 +22,10 @@ namespace mlag {
 namespace {
 
 constexpr size_t kHostAlignment = 64;
+// Host buffers of at least kHugePageMinBytes are aligned to, sized in and
+// advised onto transparent huge pages.
+constexpr size_t kHugePageBytes = size_t{2} << 20;
+constexpr size_t kHugePageMinBytes = size_t{4} << 20;
 
 size_t AlignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
@@ -165,11 +171,18 @@ absl::StatusOr<Buffer> Device::Allocate(size_t bytes) {
   buf.kind_ = kind_;
   if (bytes == 0) return buf;
   if (kind_ == DeviceKind::kHost) {
-    void* p = std::aligned_alloc(kHostAlignment, AlignUp(bytes, kHostAlignment));
+    // Large buffers (weights, the KV pool) on 2 MiB pages where the kernel
+    // offers them: a decode step streams gigabytes, and 4 KiB pages would
+    // cost a TLB miss every 4 KiB and a page fault per page at first touch.
+    const bool huge = bytes >= kHugePageMinBytes;
+    const size_t alignment = huge ? kHugePageBytes : kHostAlignment;
+    const size_t size = AlignUp(bytes, alignment);
+    void* p = std::aligned_alloc(alignment, size);
     if (p == nullptr) {
       return absl::ResourceExhaustedError(
           absl::StrCat("host allocation of ", bytes, " bytes failed"));
     }
+    if (huge) madvise(p, size, MADV_HUGEPAGE);  // advice only: failure is harmless
     buf.data_ = p;
   } else {
 #if MLAG_HAVE_CUDA

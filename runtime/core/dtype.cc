@@ -18,12 +18,15 @@ absl::string_view DTypeName(DType dtype) {
       return "i64";
     case DType::kU8:
       return "u8";
+    case DType::kF8E4M3:
+      return "fp8";
   }
   return "?";
 }
 
 absl::StatusOr<DType> ParseDType(absl::string_view name) {
-  for (DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32, DType::kI64, DType::kU8}) {
+  for (DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32, DType::kI64, DType::kU8,
+                  DType::kF8E4M3}) {
     if (DTypeName(d) == name) return d;
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown dtype '", name, "'"));
@@ -50,6 +53,11 @@ void ConvertToF32(DType src_dtype, const void* src, float* dst, size_t n) {
       for (size_t i = 0; i < n; ++i) dst[i] = F16ToF32(s[i]);
       break;
     }
+    case DType::kF8E4M3: {
+      const uint8_t* s = static_cast<const uint8_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = F8E4M3ToF32(s[i]);
+      break;
+    }
     default:
       break;
   }
@@ -70,6 +78,11 @@ void ConvertFromF32(const float* src, DType dst_dtype, void* dst, size_t n) {
     case DType::kF16: {
       uint16_t* d = static_cast<uint16_t*>(dst);
       for (size_t i = 0; i < n; ++i) d[i] = F32ToF16(src[i]);
+      break;
+    }
+    case DType::kF8E4M3: {
+      uint8_t* d = static_cast<uint8_t*>(dst);
+      for (size_t i = 0; i < n; ++i) d[i] = F32ToF8E4M3(src[i]);
       break;
     }
     default:

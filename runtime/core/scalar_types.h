@@ -1,4 +1,4 @@
-// Element types (DType) and the bf16 / f16 <-> f32 conversions, shared by
+// Element types (DType) and the bf16 / f16 / fp8 <-> f32 conversions, shared by
 // host and CUDA code. Standard library only: .cu files include this header
 // (and pass DType to their launchers), so it needs neither cuda_bf16.h nor
 // any compiler extension; the 16-bit storage types are plain uint16_t.
@@ -8,6 +8,10 @@
 //   - f32 -> bf16/f16 rounds to nearest, ties to even.
 //   - NaN stays NaN (sign kept, quiet bit set); +-inf stays +-inf.
 //   - f32 -> f16 overflows to +-inf and produces f16 subnormals below 2^-14.
+//   - fp8 is e4m3 "fn" (OCP FP8, as DeepSeek-V3 stores weights): no
+//     infinities, 0x7f / 0xff are NaN, the largest finite value is 448 and
+//     subnormals are m * 2^-9. f32 -> fp8 rounds to nearest even and
+//     saturates to +-448 (a quantizer's scale keeps values in range).
 #pragma once
 
 #include <cstddef>
@@ -20,7 +24,15 @@ namespace mlag {
 
 // Element type of a tensor. The values are stable: CUDA kernels switch on
 // them and checkpoints' dtypes map onto them.
-enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2, kI32 = 3, kI64 = 4, kU8 = 5 };
+enum class DType : uint8_t {
+  kF32 = 0,
+  kBF16 = 1,
+  kF16 = 2,
+  kI32 = 3,
+  kI64 = 4,
+  kU8 = 5,
+  kF8E4M3 = 6,
+};
 
 // Bytes per element.
 MLAG_HD constexpr size_t DTypeSize(DType dtype) {
@@ -105,6 +117,38 @@ MLAG_HD uint16_t F32ToF16(float f) {
   return static_cast<uint16_t>(sign | (abs >> 13));
 }
 
+MLAG_HD float F8E4M3ToF32(uint8_t v) {
+  const uint32_t sign = static_cast<uint32_t>(v & 0x80u) << 24;
+  const uint32_t mag = v & 0x7fu;
+  if (mag == 0x7fu) return F32FromBits(sign | 0x7fc00000u);  // NaN
+  if (mag < 8u) {                                            // subnormal (or zero): mag * 2^-9
+    return F32FromBits(F32Bits(static_cast<float>(mag) * (1.0f / 512.0f)) | sign);
+  }
+  return F32FromBits(sign | (((mag >> 3) + 120u) << 23) | ((mag & 7u) << 20));
+}
+
+MLAG_HD uint8_t F32ToF8E4M3(float f) {
+  const uint32_t u = F32Bits(f);
+  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);   // NaN
+  if (abs >= 0x43e00000u) return static_cast<uint8_t>(sign | 0x7eu);  // >= 448: saturate
+  if (abs < 0x3c800000u) {
+    // Below 2^-6: a subnormal m * 2^-9, m = round-to-even(|f| * 512) in [0, 8]
+    // (8 is the smallest normal, whose encoding is also 8).
+    const float scaled = F32FromBits(abs) * 512.0f;  // exact: a power-of-two scale
+    uint32_t m = static_cast<uint32_t>(scaled);
+    const float rem = scaled - static_cast<float>(m);
+    if (rem > 0.5f || (rem == 0.5f && (m & 1u))) ++m;
+    return static_cast<uint8_t>(sign | m);
+  }
+  // Normal: keep 3 mantissa bits, round the 20 dropped ones to nearest even.
+  abs += 0x7ffffu + ((abs >> 20) & 1u);
+  const uint32_t exp = (abs >> 23) - 120u;
+  const uint32_t code = (exp << 3) | ((abs >> 20) & 7u);
+  return static_cast<uint8_t>(sign | (code > 0x7eu ? 0x7eu : code));
+}
+
 // Reads element `i` of a floating array as f32.
 MLAG_HD float LoadAsF32(DType dtype, const void* base, size_t i) {
   switch (dtype) {
@@ -114,6 +158,8 @@ MLAG_HD float LoadAsF32(DType dtype, const void* base, size_t i) {
       return Bf16ToF32(static_cast<const uint16_t*>(base)[i]);
     case DType::kF16:
       return F16ToF32(static_cast<const uint16_t*>(base)[i]);
+    case DType::kF8E4M3:
+      return F8E4M3ToF32(static_cast<const uint8_t*>(base)[i]);
     default:
       return 0.0f;
   }
@@ -130,6 +176,9 @@ MLAG_HD void StoreFromF32(DType dtype, void* base, size_t i, float v) {
       break;
     case DType::kF16:
       static_cast<uint16_t*>(base)[i] = F32ToF16(v);
+      break;
+    case DType::kF8E4M3:
+      static_cast<uint8_t*>(base)[i] = F32ToF8E4M3(v);
       break;
     default:
       break;

@@ -64,6 +64,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   rc.num_blocks = static_cast<int>(std::min<size_t>(num_blocks, 1 << 24));
   rc.graph_mode = options.graph_mode;
   rc.kv_dtype = kv_dtype;
+  MLAG_ASSIGN_OR_RETURN(rc.weight_format, ParseWeightFormat(options.weight_dtype));
   rc.capture_sizes = options.capture_sizes;
   rc.local_experts = options.local_experts;
   rc.max_ep_ranks =

@@ -36,6 +36,11 @@ struct EngineOptions {
   // KV cache element type: "auto" (f32, the activations' dtype, on every
   // device), "f32" or "bf16".
   std::string kv_cache_dtype = "auto";
+  // How projection weights are held: "auto" (as the checkpoint stores them:
+  // bf16 and fp8 kept, anything else f32), "f32", "bf16" or "fp8" (e4m3 with
+  // 128 x 128 block scales; lm_head then bf16). On CUDA every projection is
+  // held in f32 (dequantized at load).
+  std::string weight_dtype = "auto";
   int block_size = 64;
   int max_num_seqs = 64;
   int max_num_batched_tokens = 512;

@@ -76,6 +76,7 @@ absl::Status ModelRunner::Init(ModelSource& source) {
   mo.max_seqs = max_seq_rows_;
   mo.local_experts = c.local_experts;
   mo.max_ep_ranks = c.max_ep_ranks;
+  mo.weight_format = c.weight_format;
   MLAG_ASSIGN_OR_RETURN(model_, BuildModel(source, device_, mo));
 
   // KV caches, zero-filled on the stream (no host buffer of their size).

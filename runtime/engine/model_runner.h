@@ -49,6 +49,7 @@ struct RunnerConfig {
   int max_model_len = 256;
   int max_ep_ranks = 1;          // largest expert-parallel group (sizes its buffers)
   DType kv_dtype = DType::kF32;  // KV cache element type: f32 or bf16
+  WeightFormat weight_format = WeightFormat::kAuto;  // projection weights (layers/weight_arena.h)
   int block_size = 64;
   int num_blocks = 64;  // including the null block 0
   GraphMode graph_mode = GraphMode::kFullDecode;

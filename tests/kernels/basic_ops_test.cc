@@ -19,9 +19,10 @@
 #include "kernels/activation.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
-#include "kernels/host/small_gemm.h"
+#include "kernels/host/gemm.h"
 #include "kernels/linear.h"
 #include "kernels/rms_norm.h"
+#include "runtime/core/fp8_blocks.h"
 #include "runtime/core/status.h"
 #include "tests/error_report.h"
 #include "tests/status_matchers.h"
@@ -203,40 +204,91 @@ TEST(RmsNormTest, RejectsBadArguments) {
 
 // ---- Linear ---------------------------------------------------------------------------------
 
-// The small-rows kernel directly, on every row count it takes and widths
-// around the vector lengths (16, 8, 4 lanes; partial groups of w rows), with
-// strided x and y: against a double-precision product, and each row's result
-// independent of the other rows present (computed alone, it is the same bits).
-TEST(SmallRowsGemmTest, MatchesReferenceAndIsIndependentOfTheBatch) {
-  SCOPED_TRACE(host::SmallGemmIsa());
-  for (int64_t k : {1, 5, 16, 31, 64, 100}) {
+// The host GEMM directly, for each weight dtype, on row counts around its
+// row blocks and panel, widths around the vector lengths (16, 8, 4 lanes;
+// partial groups of w rows; k past one fp8 block), with strided x and y:
+//   - against a double-precision product of the dequantized weights;
+//   - each row's result independent of the other rows present (computed
+//     alone, it is the same bits): batch invariance;
+//   - bf16 and fp8 weights give the bits of their f32 dequantized values.
+TEST(GemmTest, MatchesReferenceAndIsIndependentOfBatchAndDtype) {
+  SCOPED_TRACE(host::GemmIsa());
+  for (int64_t k : {1, 5, 16, 31, 100, 131, 300}) {
     for (int64_t n : {1, 3, 4, 9, 37}) {
-      for (int64_t rows = 1; rows <= host::kSmallGemmMaxRows; rows += (rows < 8 ? 1 : 5)) {
+      for (int64_t rows : {1, 2, 5, 6, 7, 13, 31, 64, 70}) {
         const int64_t ldx = k + 3, ldy = n + 2;
         const std::vector<float> x =
             testing::RandomFloats(static_cast<size_t>(rows * ldx), NextSeed());
-        const std::vector<float> w = testing::RandomFloats(static_cast<size_t>(n * k), NextSeed());
-        std::vector<float> y(static_cast<size_t>(rows * ldy), -7.0f);
-        host::SmallRowsGemmNT(rows, n, k, x.data(), ldx, w.data(), k, y.data(), ldy);
-        double err = 0.0, ref = 0.0;
-        for (int64_t m = 0; m < rows; ++m) {
-          for (int64_t j = 0; j < n; ++j) {
-            double acc = 0.0;
-            for (int64_t p = 0; p < k; ++p)
-              acc += static_cast<double>(x[m * ldx + p]) * w[j * k + p];
-            err = std::max(err, std::abs(acc - y[m * ldy + j]));
-            ref = std::max(ref, std::abs(acc));
+        const std::vector<float> w_src =
+            testing::RandomFloats(static_cast<size_t>(n * k), NextSeed(), -3.0f, 3.0f);
+        // The three forms of one weight matrix, each with its f32 value.
+        std::vector<uint16_t> w_bf16(w_src.size());
+        ConvertFromF32(w_src.data(), DType::kBF16, w_bf16.data(), w_src.size());
+        std::vector<float> bf16_value(w_src.size());
+        ConvertToF32(DType::kBF16, w_bf16.data(), bf16_value.data(), w_src.size());
+        std::vector<uint8_t> w_fp8(w_src.size());
+        std::vector<float> block_scales(static_cast<size_t>(Fp8Blocks(n) * Fp8Blocks(k)));
+        QuantizeFp8Blocks(w_src.data(), n, k, w_fp8.data(), block_scales.data());
+        std::vector<float> row_scales(static_cast<size_t>(n * Fp8Blocks(k)));
+        ExpandFp8RowScales(block_scales.data(), n, k, row_scales.data());
+        std::vector<float> fp8_value(w_src.size());
+        DequantizeFp8Blocks(w_fp8.data(), block_scales.data(), n, k, fp8_value.data());
+
+        struct Form {
+          const char* name;
+          host::GemmWeights w;
+          const std::vector<float>* value;
+        };
+        host::GemmWeights f32{w_src.data(), DType::kF32, k};
+        host::GemmWeights bf16{w_bf16.data(), DType::kBF16, k};
+        host::GemmWeights fp8{w_fp8.data(), DType::kF8E4M3, k, row_scales.data(), Fp8Blocks(k)};
+        host::GemmWeights bf16_as_f32{bf16_value.data(), DType::kF32, k};
+        host::GemmWeights fp8_as_f32{fp8_value.data(), DType::kF32, k};
+        const Form forms[] = {
+            {"f32", f32, &w_src}, {"bf16", bf16, &bf16_value}, {"fp8", fp8, &fp8_value}};
+        for (const Form& form : forms) {
+          SCOPED_TRACE(::testing::Message()
+                       << form.name << " " << rows << " x " << n << " x " << k);
+          std::vector<float> y(static_cast<size_t>(rows * ldy), -7.0f);
+          host::GemmNT(rows, n, k, x.data(), ldx, form.w, y.data(), ldy);
+          double err = 0.0, ref = 0.0;
+          for (int64_t m = 0; m < rows; ++m) {
+            for (int64_t j = 0; j < n; ++j) {
+              double acc = 0.0;
+              for (int64_t p = 0; p < k; ++p) {
+                acc += static_cast<double>(x[m * ldx + p]) * (*form.value)[j * k + p];
+              }
+              err = std::max(err, std::abs(acc - y[m * ldy + j]));
+              ref = std::max(ref, std::abs(acc));
+            }
+            EXPECT_EQ(y[m * ldy + n], -7.0f) << "wrote past the row";
           }
-          EXPECT_EQ(y[m * ldy + n], -7.0f) << "wrote past the row";
+          EXPECT_LE(err / std::max(ref, 1e-30), kF32Tol);
+          RecordError("host gemm", err / std::max(ref, 1e-30));
+          // The last row alone gives the same bits as inside the batch.
+          std::vector<float> alone(static_cast<size_t>(n));
+          host::GemmNT(1, n, k, x.data() + (rows - 1) * ldx, ldx, form.w, alone.data(), n);
+          EXPECT_EQ(std::memcmp(alone.data(), y.data() + (rows - 1) * ldy, n * sizeof(float)), 0);
+          // Rows [1, rows) with the w rows from 1 on: the same bits again.
+          if (rows > 1 && n > 1) {
+            std::vector<float> part(static_cast<size_t>((rows - 1) * (n - 1)));
+            host::GemmNT(rows - 1, n - 1, k, x.data() + ldx, ldx, form.w.FromRow(1), part.data(),
+                         n - 1);
+            for (int64_t m = 1; m < rows; ++m) {
+              EXPECT_EQ(std::memcmp(part.data() + (m - 1) * (n - 1), y.data() + m * ldy + 1,
+                                    (n - 1) * sizeof(float)),
+                        0)
+                  << "row " << m;
+            }
+          }
+          // The same bits as the dequantized weights in f32.
+          if (form.value != &w_src) {
+            std::vector<float> y32(static_cast<size_t>(rows * ldy), -7.0f);
+            host::GemmNT(rows, n, k, x.data(), ldx,
+                         form.value == &bf16_value ? bf16_as_f32 : fp8_as_f32, y32.data(), ldy);
+            EXPECT_EQ(std::memcmp(y32.data(), y.data(), y.size() * sizeof(float)), 0);
+          }
         }
-        EXPECT_LE(err / std::max(ref, 1e-30), kF32Tol) << rows << " x " << n << " x " << k;
-        RecordError("small-rows gemm", err / std::max(ref, 1e-30));
-        // The last row alone gives the same bits as inside the batch.
-        std::vector<float> alone(static_cast<size_t>(n));
-        host::SmallRowsGemmNT(1, n, k, x.data() + (rows - 1) * ldx, ldx, w.data(), k, alone.data(),
-                              n);
-        EXPECT_EQ(std::memcmp(alone.data(), y.data() + (rows - 1) * ldy, n * sizeof(float)), 0)
-            << rows << " x " << n << " x " << k;
       }
     }
   }
@@ -246,15 +298,19 @@ TEST(LinearTest, RejectsBadArguments) {
   Owned x = Make(DType::kF32, {3, 8});
   Owned w = Make(DType::kF32, {5, 8});
   Owned y = Make(DType::kF32, {3, 5});
-  Owned bf16_w = Make(DType::kBF16, {5, 8});
+  Owned f16_w = Make(DType::kF16, {5, 8});
+  Owned fp8_w = Make(DType::kF8E4M3, {5, 8});
+  Owned fp8_scales = Make(DType::kF32, {5, 1});
+  Owned wrong_scales = Make(DType::kF32, {1, 1});
   Owned bf16_x = Make(DType::kBF16, {3, 8});
   Owned narrow_w = Make(DType::kF32, {5, 7});
   Owned wrong_y = Make(DType::kF32, {3, 6});
   Stream& st = HostStream();
   const uint64_t launches = st.launches();
-  absl::Status s = Linear(st, x.t, bf16_w.t, y.t);
-  ExpectInvalid(s, "weight");
-  EXPECT_NE(std::string(s.message()).find("load"), std::string::npos) << s;
+  ExpectInvalid(Linear(st, x.t, f16_w.t, y.t), "weight");
+  // fp8 needs its per-row block scales, [out, ceil(in / 128)].
+  ExpectInvalid(Linear(st, x.t, fp8_w.t, y.t), "weight.scales");
+  ExpectInvalid(Linear(st, x.t, LinearWeight(fp8_w.t, wrong_scales.t), y.t), "weight.scales");
   ExpectInvalid(Linear(st, bf16_x.t, w.t, y.t), "x");
   ExpectInvalid(Linear(st, x.t, narrow_w.t, y.t), "weight");
   ExpectInvalid(Linear(st, x.t, w.t, wrong_y.t), "y");
@@ -264,6 +320,7 @@ TEST(LinearTest, RejectsBadArguments) {
   Tensor col_major_x = Tensor::Strided(x.t.data(), DType::kF32, {3, 8}, {1, 3});
   ExpectInvalid(Linear(st, col_major_x, w.t, y.t), "x");
   EXPECT_EQ(st.launches(), launches) << "a rejected call launched something";
+  EXPECT_OK(Linear(st, x.t, LinearWeight(fp8_w.t, fp8_scales.t), y.t));
 }
 
 // ---- HeadMatmul -----------------------------------------------------------------------------

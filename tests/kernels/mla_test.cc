@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -493,6 +494,82 @@ TEST(MlaAttentionArgs, RejectsBadArguments) {
                   p.scale, out.t, lse.t);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("query_start_loc"), std::string::npos) << st;
+}
+
+// Attention splits are fixed by the position, never by the batch: a query
+// at position p gives the same bits decoded alone, decoded in a batch with
+// other sequences of other lengths, prefilled with the whole prompt, or
+// prefilled in a later chunk; across split boundaries
+// (kAttentionSplitTokens) included.
+TEST(MlaHostInvarianceTest, DecodeAndPrefillGiveTheSameBitsAtEveryPosition) {
+  constexpr int64_t H = 3, R = 40, dr = 8, row = R + dr, bs = 16;
+  constexpr int64_t L = 2 * host::kAttentionSplitTokens + 190;  // three splits at the end
+  const int64_t blocks = (L + bs - 1) / bs;
+  const float scale = 0.3f;
+  // One sequence in blocks [0, blocks), in reverse order (the table matters).
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  for (int64_t j = 0; j < blocks; ++j) table[j] = static_cast<int32_t>(blocks - 1 - j);
+  std::vector<float> cache = testing::RandomFloats(static_cast<size_t>(blocks * bs * row), 11);
+  std::vector<float> ql = testing::RandomFloats(static_cast<size_t>(L * H * R), 12);
+  std::vector<float> qp = testing::RandomFloats(static_cast<size_t>(L * H * dr), 13);
+  const Tensor cache_t(cache.data(), DType::kF32, {blocks, bs, row});
+
+  // The whole prompt prefilled at once.
+  std::vector<float> out(static_cast<size_t>(L * H * R)), lse(static_cast<size_t>(L * H));
+  {
+    std::vector<int32_t> lens = {static_cast<int32_t>(L)}, qsl = {0, static_cast<int32_t>(L)};
+    ASSERT_OK(host::MlaPrefill(
+        Tensor(ql.data(), DType::kF32, {L, H, R}), Tensor(qp.data(), DType::kF32, {L, H, dr}),
+        cache_t, Tensor(table.data(), DType::kI32, {1, blocks}),
+        Tensor(lens.data(), DType::kI32, {1}), Tensor(qsl.data(), DType::kI32, {2}), scale,
+        Tensor(out.data(), DType::kF32, {L, H, R}), Tensor(lse.data(), DType::kF32, {L, H})));
+  }
+  // The same prompt as two chunks: [0, c) then [c, L) after c cached tokens.
+  const int64_t c = host::kAttentionSplitTokens + 37;
+  std::vector<float> out2(out.size()), lse2(lse.size());
+  for (auto [r0, r1] : {std::pair<int64_t, int64_t>{0, c}, {c, L}}) {
+    std::vector<int32_t> lens = {static_cast<int32_t>(r1)},
+                         qsl = {0, static_cast<int32_t>(r1 - r0)};
+    ASSERT_OK(host::MlaPrefill(Tensor(ql.data() + r0 * H * R, DType::kF32, {r1 - r0, H, R}),
+                               Tensor(qp.data() + r0 * H * dr, DType::kF32, {r1 - r0, H, dr}),
+                               cache_t, Tensor(table.data(), DType::kI32, {1, blocks}),
+                               Tensor(lens.data(), DType::kI32, {1}),
+                               Tensor(qsl.data(), DType::kI32, {2}), scale,
+                               Tensor(out2.data() + r0 * H * R, DType::kF32, {r1 - r0, H, R}),
+                               Tensor(lse2.data() + r0 * H, DType::kF32, {r1 - r0, H})));
+  }
+  EXPECT_EQ(std::memcmp(out.data(), out2.data(), out.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(lse.data(), lse2.data(), lse.size() * sizeof(float)), 0);
+
+  const int64_t S = host::kAttentionSplitTokens;
+  for (int64_t p : {int64_t{0}, int64_t{31}, S - 1, S, S + 1, 2 * S - 1, 2 * S, L - 1}) {
+    for (int64_t batch : {1, 3, 8}) {
+      SCOPED_TRACE(::testing::Message() << "position " << p << ", batch " << batch);
+      // The query decoded as sequence batch / 2 of `batch` sequences over the
+      // same cache, the others at other lengths.
+      const int64_t me = batch / 2;
+      std::vector<int32_t> lens(static_cast<size_t>(batch)), tables;
+      std::vector<float> dl(static_cast<size_t>(batch * H * R)),
+          dp(static_cast<size_t>(batch * H * dr));
+      for (int64_t b = 0; b < batch; ++b) {
+        lens[b] = static_cast<int32_t>(b == me ? p + 1 : (37 * b + 5 * p) % L + 1);
+        const int64_t src = b == me ? p : (lens[b] - 1);
+        std::copy_n(ql.data() + src * H * R, H * R, dl.data() + b * H * R);
+        std::copy_n(qp.data() + src * H * dr, H * dr, dp.data() + b * H * dr);
+        tables.insert(tables.end(), table.begin(), table.end());
+      }
+      std::vector<float> dout(dl.size()), dlse(static_cast<size_t>(batch * H));
+      ASSERT_OK(host::MlaDecode(Tensor(dl.data(), DType::kF32, {batch, H, R}),
+                                Tensor(dp.data(), DType::kF32, {batch, H, dr}), cache_t,
+                                Tensor(tables.data(), DType::kI32, {batch, blocks}),
+                                Tensor(lens.data(), DType::kI32, {batch}), scale,
+                                Tensor(dout.data(), DType::kF32, {batch, H, R}),
+                                Tensor(dlse.data(), DType::kF32, {batch, H})));
+      EXPECT_EQ(
+          std::memcmp(dout.data() + me * H * R, out.data() + p * H * R, H * R * sizeof(float)), 0);
+      EXPECT_EQ(std::memcmp(dlse.data() + me * H, lse.data() + p * H, H * sizeof(float)), 0);
+    }
+  }
 }
 
 }  // namespace

@@ -206,8 +206,8 @@ TEST(ExpertParallelReconfigureTest, MigratedExpertsEqualAFreshLoad) {
         ASSERT_OK(fresh.ReadF32(p + "gate_proj.weight", {I, D}, gate.data()));
         ASSERT_OK(fresh.ReadF32(p + "up_proj.weight", {I, D}, up.data()));
         ASSERT_OK(fresh.ReadF32(p + "down_proj.weight", {D, I}, down.data()));
-        const float* gu = moe->expert_gate_up(static_cast<int>(slot)).data_as<float>();
-        const float* dn = moe->expert_down(static_cast<int>(slot)).data_as<float>();
+        const float* gu = moe->expert_gate_up(static_cast<int>(slot)).values.data_as<float>();
+        const float* dn = moe->expert_down(static_cast<int>(slot)).values.data_as<float>();
         EXPECT_EQ(std::memcmp(gu, gate.data(), gate.size() * 4), 0);
         EXPECT_EQ(std::memcmp(gu + I * D, up.data(), up.size() * 4), 0);
         EXPECT_EQ(std::memcmp(dn, down.data(), down.size() * 4), 0);

@@ -1,0 +1,47 @@
+// The report of mlag bench: decode per batch size against the memory
+// bandwidth measured in the same run, prefill, and the model and build
+// figures, as text or JSON.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "examples/mlag/memory_bandwidth.h"
+#include "layers/model_config.h"
+#include "layers/weight_arena.h"
+#include "runtime/core/dtype.h"
+
+namespace mlag::cli {
+
+struct DecodeResult {
+  int batch = 0;
+  double graph_ms = 0, eager_ms = 0;
+  double bytes = 0;         // per step
+  int experts_touched = 0;  // summed over MoE layers
+};
+
+struct BenchReport {
+  std::string device_name;
+  bool is_cuda = false;
+  BandwidthMeasurement bandwidth;
+  double bandwidth_gib = 0;  // the measurement's buffer
+  std::string model;
+  ModelConfig config;
+  size_t weight_bytes = 0;
+  std::map<DType, size_t> weight_bytes_by_dtype;
+  DType kv_dtype = DType::kF32;
+  WeightFormat weight_format = WeightFormat::kAuto;
+  int context_len = 0;
+  int steps = 0;  // timed decode steps per batch size and mode
+  double build_seconds = 0, capture_seconds = 0;
+  std::vector<DecodeResult> decode;
+  int prefill_tokens = 0;
+  double prefill_ms = 0;
+};
+
+void PrintBenchJson(const BenchReport& r);
+void PrintBenchText(const BenchReport& r);
+
+}  // namespace mlag::cli

@@ -1,0 +1,134 @@
+#include "kernels/host/gemm.h"
+
+#include <algorithm>
+#include <type_traits>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#include "runtime/core/fp8_blocks.h"
+
+namespace mlag::host {
+namespace {
+
+// The e4m3 bits of a weight, moved to where an f32's sign and top mantissa
+// bits are, read as an f32 are the weight times 2^-120 (normal and subnormal
+// alike); multiplying by the scale times 2^120 gives scale * weight, rounded
+// once: exactly Fp8Dequantize.
+constexpr float kFp8Unbias = 0x1p120f;
+
+// GNU vectors of N elements of T.
+template <typename T, int N>
+struct Vec {
+  typedef T type __attribute__((vector_size(N * sizeof(T))));
+};
+
+// Storage type of one weight element.
+template <DType kW>
+using WType = std::conditional_t<kW == DType::kF32, float,
+                                 std::conditional_t<kW == DType::kBF16, uint16_t, uint8_t>>;
+
+// Software prefetch of w: one cache line per line of weights read,
+// kPrefetchAheadBytes ahead in the row (past a short row's end: the rows
+// after it, which come next).
+constexpr size_t kCacheLine = 64;
+constexpr int64_t kPrefetchAheadBytes = 2048;
+
+using GemmFn = void (*)(int64_t, int64_t, int64_t, const float*, int64_t, const GemmWeights&,
+                        float*, int64_t);
+
+// One copy of the kernels per ISA, each compiled for it. Register budgets:
+// AVX-512 has 32 vector registers (6 x 4 accumulators, 4 w vectors, 1 x
+// vector; fp8 needs temporaries for its conversion, so 5 x 4), AVX2 and
+// SSE2 16.
+#if defined(__x86_64__) || defined(__i386__)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,fma")
+namespace avx512 {
+constexpr int kLanes = 16;
+constexpr bool kFma = true;
+constexpr int kRowBlock = 6, kColBlock = 4, kRowBlockFp8 = 5;
+// Intrinsics: __builtin_convertvector of bytes to int32 is scalarised. The
+// zero-masked form, as the plain one passes GCC an undefined vector that
+// -Wmaybe-uninitialized flags.
+__attribute__((always_inline)) inline Vec<int32_t, 16>::type WidenBytes(const uint8_t* p) {
+  return reinterpret_cast<Vec<int32_t, 16>::type>(_mm512_maskz_cvtepi8_epi32(
+      static_cast<__mmask16>(0xffff), _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+#include "kernels/host/gemm_kernel.inc"
+}  // namespace avx512
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+constexpr int kLanes = 8;
+constexpr bool kFma = true;
+constexpr int kRowBlock = 4, kColBlock = 2, kRowBlockFp8 = 3;
+__attribute__((always_inline)) inline Vec<int32_t, 8>::type WidenBytes(const uint8_t* p) {
+  return reinterpret_cast<Vec<int32_t, 8>::type>(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+#include "kernels/host/gemm_kernel.inc"
+}  // namespace avx2
+#pragma GCC pop_options
+#endif
+
+// Baseline x86-64 (SSE2), or any other architecture's default vector unit.
+namespace base {
+constexpr int kLanes = 4;
+constexpr bool kFma = false;
+constexpr int kRowBlock = 4, kColBlock = 2, kRowBlockFp8 = 3;
+__attribute__((always_inline)) inline Vec<int32_t, 4>::type WidenBytes(const uint8_t* p) {
+  Vec<int8_t, 4>::type b;
+  __builtin_memcpy(&b, p, sizeof(b));
+  return __builtin_convertvector(b, Vec<int32_t, 4>::type);
+}
+#include "kernels/host/gemm_kernel.inc"
+}  // namespace base
+
+struct Variant {
+  GemmFn f32, bf16, fp8;
+  const char* isa;
+};
+
+Variant Select() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("fma")) {
+    return {avx512::GemmF32, avx512::GemmBf16, avx512::GemmFp8, "avx512"};
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    return {avx2::GemmF32, avx2::GemmBf16, avx2::GemmFp8, "avx2"};
+  }
+#endif
+  return {base::GemmF32, base::GemmBf16, base::GemmFp8, "sse2"};
+}
+
+const Variant& Chosen() {
+  static const Variant v = Select();
+  return v;
+}
+
+}  // namespace
+
+GemmWeights GemmWeights::FromRow(int64_t r) const {
+  GemmWeights w = *this;
+  w.data = static_cast<const char*>(data) + r * ld * static_cast<int64_t>(DTypeSize(dtype));
+  if (scales != nullptr) w.scales = scales + r * scales_ld;
+  return w;
+}
+
+void GemmNT(int64_t rows, int64_t n_out, int64_t k, const float* x, int64_t ldx,
+            const GemmWeights& w, float* y, int64_t ldy) {
+  if (rows <= 0 || n_out <= 0) return;
+  const Variant& v = Chosen();
+  const GemmFn fn = w.dtype == DType::kBF16 ? v.bf16 : w.dtype == DType::kF8E4M3 ? v.fp8 : v.f32;
+  fn(rows, n_out, k, x, ldx, w, y, ldy);
+}
+
+const char* GemmIsa() { return Chosen().isa; }
+
+}  // namespace mlag::host
