@@ -38,6 +38,7 @@ absl::Status LtStatus(cublasStatus_t status, const char* call, const char* where
 struct GemmKey {
   bool trans_a = false;
   bool trans_b = false;
+  bool bf16_ab = false;  // A and B in bf16 (C f32); else all f32
   int64_t m = 0, n = 0, k = 0;
   int64_t lda = 0, ldb = 0, ldc = 0;
   int32_t batch = 1;  // strides are 0 when batch == 1
@@ -48,8 +49,8 @@ struct GemmKey {
   uint32_t align_a = 0, align_b = 0, align_c = 0;
 
   auto Tie() const {
-    return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldc, batch, stride_a, stride_b, stride_c,
-                    align_a, align_b, align_c);
+    return std::tie(trans_a, trans_b, bf16_ab, m, n, k, lda, ldb, ldc, batch, stride_a, stride_b,
+                    stride_c, align_a, align_b, align_c);
   }
   friend bool operator==(const GemmKey& a, const GemmKey& b) { return a.Tie() == b.Tie(); }
   template <typename H>
@@ -59,17 +60,18 @@ struct GemmKey {
 
   std::string ToString() const {
     return absl::StrCat("m=", m, " n=", n, " k=", k, " transa=", trans_a ? "T" : "N",
-                        " transb=", trans_b ? "T" : "N", " lda=", lda, " ldb=", ldb, " ldc=", ldc,
-                        " batch=", batch, " strides=", stride_a, "/", stride_b, "/", stride_c,
-                        " align=", align_a, "/", align_b, "/", align_c);
+                        " transb=", trans_b ? "T" : "N", bf16_ab ? " bf16 A,B" : "", " lda=", lda,
+                        " ldb=", ldb, " ldc=", ldc, " batch=", batch, " strides=", stride_a, "/",
+                        stride_b, "/", stride_c, " align=", align_a, "/", align_b, "/", align_c);
   }
 };
 
-uint32_t Alignment(const void* p, int64_t ld, int32_t batch, int64_t batch_stride) {
-  uint64_t bits = reinterpret_cast<uintptr_t>(p) | static_cast<uint64_t>(ld) * sizeof(float);
-  if (batch > 1) bits |= static_cast<uint64_t>(batch_stride) * sizeof(float);
+uint32_t Alignment(const void* p, int64_t ld, int32_t batch, int64_t batch_stride,
+                   size_t element_bytes = sizeof(float)) {
+  uint64_t bits = reinterpret_cast<uintptr_t>(p) | static_cast<uint64_t>(ld) * element_bytes;
+  if (batch > 1) bits |= static_cast<uint64_t>(batch_stride) * element_bytes;
   uint32_t align = 256;
-  while (align > 4 && bits % align != 0) align /= 2;
+  while (align > element_bytes && bits % align != 0) align /= 2;
   return align;
 }
 
@@ -92,12 +94,12 @@ struct GemmPlan {
   }
 };
 
-// A column-major f32 layout of rows x cols with leading dimension ld, batched
-// with the given stride when batch > 1.
-absl::Status MakeLayout(cublasLtMatrixLayout_t* layout, int64_t rows, int64_t cols, int64_t ld,
-                        int32_t batch, int64_t stride) {
-  MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(
-      layout, CUDA_R_32F, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
+// A column-major layout of `type` elements, rows x cols with leading
+// dimension ld, batched with the given stride when batch > 1.
+absl::Status MakeLayout(cublasLtMatrixLayout_t* layout, cudaDataType_t type, int64_t rows,
+                        int64_t cols, int64_t ld, int32_t batch, int64_t stride) {
+  MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(layout, type, static_cast<uint64_t>(rows),
+                                                         static_cast<uint64_t>(cols), ld));
   if (batch > 1) {
     MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutSetAttribute(
         *layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
@@ -127,11 +129,13 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> MakePlan(cublasLtHandle_t handle, cons
   MLAG_CUBLAS_RETURN_IF_ERROR(
       cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
   // Layouts describe the matrices as stored: a transposed A is k x m.
-  MLAG_RETURN_IF_ERROR(MakeLayout(&plan->a, key.trans_a ? key.k : key.m,
+  const cudaDataType_t ab = key.bf16_ab ? CUDA_R_16BF : CUDA_R_32F;
+  MLAG_RETURN_IF_ERROR(MakeLayout(&plan->a, ab, key.trans_a ? key.k : key.m,
                                   key.trans_a ? key.m : key.k, key.lda, key.batch, key.stride_a));
-  MLAG_RETURN_IF_ERROR(MakeLayout(&plan->b, key.trans_b ? key.n : key.k,
+  MLAG_RETURN_IF_ERROR(MakeLayout(&plan->b, ab, key.trans_b ? key.n : key.k,
                                   key.trans_b ? key.k : key.n, key.ldb, key.batch, key.stride_b));
-  MLAG_RETURN_IF_ERROR(MakeLayout(&plan->c, key.m, key.n, key.ldc, key.batch, key.stride_c));
+  MLAG_RETURN_IF_ERROR(
+      MakeLayout(&plan->c, CUDA_R_32F, key.m, key.n, key.ldc, key.batch, key.stride_c));
 
   Preference pref;
   MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref.pref));
@@ -306,13 +310,28 @@ absl::Status Linear(Stream& stream, const Tensor& x, const Tensor& weight, const
   key.lda = in;
   key.ldb = rows > 1 ? x.stride(0) : in;
   key.ldc = rows > 1 ? y.stride(0) : out;
-  key.align_a = Alignment(weight.data(), key.lda, 1, 0);
-  key.align_b = Alignment(x.data(), key.ldb, 1, 0);
+  const void* b = x.data();
+  if (weight.dtype() == DType::kBF16) {
+    // bf16 weights: x rounded to bf16 into the stream's scratch (cuBLASLt
+    // takes A and B of one type), then bf16 x bf16 with f32 accumulation.
+    MLAG_ASSIGN_OR_RETURN(void* xb, Scratch(stream, static_cast<size_t>(rows * in) * 2, "linear"));
+    MLAG_RETURN_IF_ERROR(stream.LaunchCuda("linear", OpKind::kGemm, [&](void* s) {
+      return static_cast<int>(cuda::LaunchF32ToBf16Rows(x.data_as<float>(), rows, in, x.stride(0),
+                                                        static_cast<uint16_t*>(xb),
+                                                        static_cast<cudaStream_t>(s)));
+    }));
+    b = xb;
+    key.bf16_ab = true;
+    key.ldb = in;
+  }
+  const size_t ab_bytes = key.bf16_ab ? 2 : sizeof(float);
+  key.align_a = Alignment(weight.data(), key.lda, 1, 0, ab_bytes);
+  key.align_b = Alignment(b, key.ldb, 1, 0, ab_bytes);
   key.align_c = Alignment(y.data(), key.ldc, 1, 0);
-  const std::string shape = absl::StrCat("x ", x.ShapeString(), " (row stride ", x.stride(0),
-                                         ") * weight ", weight.ShapeString(), "^T -> y ",
-                                         y.ShapeString(), " (row stride ", y.stride(0), ")");
-  return RunGemm(stream, "linear", shape, key, weight.data(), x.data(), y.data());
+  const std::string shape = absl::StrCat(
+      "x ", x.ShapeString(), " (row stride ", x.stride(0), ") * weight ", weight.ShapeString(), " ",
+      DTypeName(weight.dtype()), "^T -> y ", y.ShapeString(), " (row stride ", y.stride(0), ")");
+  return RunGemm(stream, "linear", shape, key, weight.data(), b, y.data());
 }
 
 absl::Status HeadMatmul(Stream& stream, const Tensor& x, const Tensor& weight, bool transpose_w,

@@ -26,6 +26,8 @@
 //
 // Numerics: f32 operands, f32 output, CUBLAS_COMPUTE_32F (no TF32), alpha 1,
 // beta 0 (the output is write-only: stale contents, even NaN, never leak in).
+// A Linear with bf16 weights rounds x to bf16 (in the scratch buffer) and
+// multiplies bf16 by bf16 with f32 accumulation and output.
 #pragma once
 
 #include <cstddef>
@@ -42,9 +44,9 @@ namespace mlag::cuda_blas {
 // Fixed for the context's life, so captured matmuls keep a valid pointer.
 inline constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
-// y = x W^T (see kernels/linear.h), validated by kernels/linear.cc: f32, x and
-// y row-major with valid leading dimensions, W [out, in] contiguous, all
-// sizes within int.
+// y = x W^T (see kernels/linear.h), validated by kernels/linear.cc: x and y
+// f32 row-major with valid leading dimensions, W [out, in] contiguous in f32
+// or bf16, all sizes within int.
 absl::Status Linear(Stream& stream, const Tensor& x, const Tensor& weight, const Tensor& y);
 
 // Strided-batched matmul over heads (see kernels/linear.h), validated by

@@ -91,7 +91,7 @@ absl::Status CheckLinearWeight(const Stream& stream, const LinearWeight& weight,
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, v, arg));
   MLAG_RETURN_IF_ERROR(CheckShape(v, arg, shape));
   MLAG_RETURN_IF_ERROR(CheckContiguous(v, arg));
-  if (stream.is_cuda()) return CheckDType(v, arg, {DType::kF32});
+  if (stream.is_cuda()) return CheckDType(v, arg, {DType::kF32, DType::kBF16});
   MLAG_RETURN_IF_ERROR(CheckDType(v, arg, {DType::kF32, DType::kBF16, DType::kF8E4M3}));
   if (v.dtype() != DType::kF8E4M3) return absl::OkStatus();
   const std::string scales_arg = absl::StrCat(arg, ".scales");

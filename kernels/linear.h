@@ -37,8 +37,8 @@ struct LinearWeight {
 };
 
 // Validates `weight` as argument `arg` with values of shape `shape` (-1: any):
-// dtype, contiguity and, for fp8, the scales' dtype and shape. On CUDA only
-// f32 weights are taken (the loader dequantizes others there).
+// dtype, contiguity and, for fp8, the scales' dtype and shape. CUDA takes f32
+// and bf16 weights (the loader dequantizes fp8 to bf16 there).
 absl::Status CheckLinearWeight(const Stream& stream, const LinearWeight& weight,
                                absl::string_view arg, std::initializer_list<int64_t> shape);
 
@@ -48,7 +48,8 @@ absl::Status CheckLinearWeight(const Stream& stream, const LinearWeight& weight,
 //   y: f32 [T, out], row-major (rows may be strided).
 // Host: kernels/host/gemm.h, weights converted in registers; every output
 // element is summed in one order whatever T (batch-invariant).
-// CUDA: one cuBLASLt matmul (f32, f32 accumulation). Its algorithm is chosen
+// CUDA: one cuBLASLt matmul with f32 accumulation: f32 x f32, or for bf16
+// weights x rounded to bf16 times bf16. Its algorithm is chosen
 // on the shape's first EAGER launch on the stream and cached; capturing a
 // shape that never ran eagerly on the stream fails with FailedPrecondition
 // (see kernels/cuda_blas.h). A launch of kind gemm.

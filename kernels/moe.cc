@@ -131,8 +131,9 @@ absl::Status MoeExpertsCuda(Stream& stream, const Tensor& x, const Tensor& topk_
   a.topk_ids = topk_ids.data_as<const int32_t>();
   a.topk_weights = topk_weights.data_as<const float>();
   a.expert_map = expert_map.data_as<const int32_t>();
-  a.w_gate_up = w_gate_up.data_as<const float>();
-  a.w_down = w_down.data_as<const float>();
+  a.w_gate_up = w_gate_up.data();
+  a.w_down = w_down.data();
+  a.w_dtype = w_gate_up.dtype();
   a.out = out.data_as<float>();
   a.workspace = scratch;
   a.workspace_bytes = scratch_bytes;
@@ -233,6 +234,11 @@ absl::Status MoeExperts(Stream& stream, const Tensor& x, const Tensor& topk_ids,
   }
   const int64_t I = w_gate_up.values.size(1) / 2;
   MLAG_RETURN_IF_ERROR(CheckLinearWeight(stream, w_down, "w_down", {L, D, I}));
+  if (w_down.dtype() != w_gate_up.dtype()) {
+    return absl::InvalidArgumentError(absl::StrCat("w_down: dtype ", DTypeName(w_down.dtype()),
+                                                   ", w_gate_up's is ",
+                                                   DTypeName(w_gate_up.dtype())));
+  }
   MLAG_RETURN_IF_ERROR(CheckDType(out, "out", {DType::kF32}));
   if (out.ndim() == 3 && !stream.is_cuda()) {
     MLAG_RETURN_IF_ERROR(CheckShape(out, "out", {T, K, D}));

@@ -65,7 +65,6 @@ absl::StatusOr<WeightFormat> ParseWeightFormat(absl::string_view name) {
 
 DType WeightArena::LinearDType(const WeightSource& source, absl::string_view name,
                                bool allow_fp8) const {
-  if (device_->is_cuda()) return DType::kF32;
   DType d = DType::kF32;
   switch (format_) {
     case WeightFormat::kAuto: {
@@ -83,7 +82,9 @@ DType WeightArena::LinearDType(const WeightSource& source, absl::string_view nam
       d = DType::kF8E4M3;
       break;
   }
-  return d == DType::kF8E4M3 && !allow_fp8 ? DType::kBF16 : d;
+  // CUDA holds fp8 weights as bf16 (dequantized at load): the fallback for
+  // GPUs without an fp8 GEMM here.
+  return d == DType::kF8E4M3 && (!allow_fp8 || device_->is_cuda()) ? DType::kBF16 : d;
 }
 
 absl::StatusOr<LinearWeight> WeightArena::AllocateLinear(std::initializer_list<int64_t> shape,
@@ -120,7 +121,7 @@ absl::Status WeightArena::LoadLinearInto(WeightSource& source, const std::string
   if (dtype == DType::kF32) return LoadInto(source, name, shape, dst.values);
   const std::vector<int64_t> dims(shape);
   if (dims.size() != 2 || dst.values.numel() != dims[0] * dims[1] || !dst.values.is_contiguous() ||
-      device_->is_cuda()) {
+      (device_->is_cuda() && dtype != DType::kBF16)) {
     return absl::InternalError(absl::StrCat("LoadLinearInto '", name, "': destination ",
                                             dst.values.ShapeString(), " in ", DTypeName(dtype),
                                             " does not fit"));
@@ -128,15 +129,25 @@ absl::Status WeightArena::LoadLinearInto(WeightSource& source, const std::string
   const int64_t rows = dims[0], cols = dims[1];
   const DType stored = source.StoredDType(name);
   if (dtype == DType::kBF16) {
-    if (stored == DType::kBF16) return source.ReadStored(name, dims, dst.values.data(), nullptr);
-    float* f32 = Staging(rows * cols);
-    MLAG_RETURN_IF_ERROR(source.ReadF32(name, dims, f32));
-    host::ParallelFor((rows + kConvertRows - 1) / kConvertRows, [&](int64_t c) {
-      const int64_t r0 = c * kConvertRows, r1 = std::min(rows, r0 + kConvertRows);
-      ConvertFromF32(f32 + r0 * cols, DType::kBF16, dst.values.data_as<uint16_t>() + r0 * cols,
-                     static_cast<size_t>((r1 - r0) * cols));
-    });
-    return absl::OkStatus();
+    // On CUDA through host staging.
+    if (device_->is_cuda() && static_cast<int64_t>(staging_bf16_.size()) < rows * cols) {
+      staging_bf16_.resize(static_cast<size_t>(rows * cols));
+    }
+    uint16_t* bf16 = device_->is_cuda() ? staging_bf16_.data() : dst.values.data_as<uint16_t>();
+    if (stored == DType::kBF16) {
+      MLAG_RETURN_IF_ERROR(source.ReadStored(name, dims, bf16, nullptr));
+    } else {
+      // f32, f16, or fp8 dequantized (CUDA's fp8 fallback), rounded to bf16.
+      float* f32 = Staging(rows * cols);
+      MLAG_RETURN_IF_ERROR(source.ReadF32(name, dims, f32));
+      host::ParallelFor((rows + kConvertRows - 1) / kConvertRows, [&](int64_t c) {
+        const int64_t r0 = c * kConvertRows, r1 = std::min(rows, r0 + kConvertRows);
+        ConvertFromF32(f32 + r0 * cols, DType::kBF16, bf16 + r0 * cols,
+                       static_cast<size_t>((r1 - r0) * cols));
+      });
+    }
+    if (!device_->is_cuda()) return absl::OkStatus();
+    return device_->CopyFromHost(dst.values.data(), bf16, dst.values.nbytes());
   }
   // fp8: as stored, or quantized here; then the block scales go per row.
   uint8_t* q = dst.values.data_as<uint8_t>();

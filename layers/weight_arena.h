@@ -6,7 +6,8 @@
 // f32, bf16, or fp8 e4m3 with per-row 128-column block scales; kAuto keeps
 // each tensor's stored dtype (bf16 and fp8 as stored, anything else f32).
 // Everything else (norms, router gate, correction bias, embeddings) is f32.
-// A CUDA device holds every projection in f32, dequantized at load.
+// A CUDA device holds fp8 projections in bf16 (dequantized at load: there is
+// no fp8 GEMM on CUDA yet), f32 and bf16 as the host does.
 #pragma once
 
 #include <map>
@@ -82,7 +83,10 @@ class WeightArena {
   absl::Status Upload(const std::vector<int32_t>& host, const Tensor& dst);
 
   // Frees the staging memory of conversions (call once loading is done).
-  void ReleaseStaging() { std::vector<float>().swap(staging_); }
+  void ReleaseStaging() {
+    std::vector<float>().swap(staging_);
+    std::vector<uint16_t>().swap(staging_bf16_);
+  }
 
   // Bytes of parameters held, in all and by dtype (fp8 scales count as f32).
   size_t bytes() const { return bytes_; }
@@ -99,6 +103,7 @@ class WeightArena {
   // f32 staging of conversions and uploads, reused: fresh memory for every
   // tensor would page-fault (and be zeroed by the kernel) once per tensor.
   std::vector<float> staging_;
+  std::vector<uint16_t> staging_bf16_;  // bf16 weights on their way to CUDA
   float* Staging(int64_t n);
 };
 

@@ -33,6 +33,22 @@ for model in tiny-v3 tiny-v2; do
   fi
 done
 
+# An fp8 checkpoint on CUDA: held in bf16 (dequantized at load), run through
+# the bf16 matmuls (cuBLASLt for projections, the grouped expert GEMM).
+"$MLAG" export --model tiny-v3 --weight-dtype fp8 --out "$TMP/fp8" >/dev/null
+if MLAG_EMULATED_GPUS=1 "$MLAG" info --model "$TMP/fp8" --device cuda >"$TMP/fp8info" 2>"$TMP/err" &&
+   grep -q "bf16 [0-9.]* MiB" "$TMP/fp8info" && ! grep -q "fp8 [0-9.]* MiB" "$TMP/fp8info"; then
+  ok
+else
+  bad "fp8 checkpoint on cuda is not held in bf16: $(cat "$TMP/fp8info" "$TMP/err" | tail -3)"
+fi
+if MLAG_EMULATED_GPUS=1 "$MLAG" run --model "$TMP/fp8" --device cuda --num-requests 6 --prompt-len 13 \
+     --max-tokens 5 --json >"$TMP/fp8.json" 2>"$TMP/err" && [ "$(tokens "$TMP/fp8.json" | wc -l)" -eq 6 ]; then
+  ok
+else
+  bad "fp8 checkpoint on cuda: $(tail -3 "$TMP/err")"
+fi
+
 # Every layer's kv_update node, then its attention node, read from the CUDA graph.
 if MLAG_EMULATED_GPUS=1 "$MLAG" graphs --device cuda --model tiny-v3 --size 8 --max-num-seqs 8 >"$TMP/graphs" 2>"$TMP/err"; then
   layers=$(grep -c "attn.kv_update kernel" "$TMP/graphs")

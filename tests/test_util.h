@@ -1,6 +1,9 @@
 // Helpers shared by the tests: owned host tensors, seeded random fills,
-// NaN poisoning and error measures against double-precision references.
+// NaN poisoning, error measures against double-precision references and
+// temporary directories.
 #pragma once
+
+#include <stdlib.h>
 
 #include <cmath>
 #include <cstdint>
@@ -8,13 +11,28 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "gtest/gtest.h"
 #include "runtime/core/device.h"
 #include "runtime/core/stream.h"
 #include "runtime/core/tensor.h"
 
 namespace mlag::testing {
+
+// A fresh directory under the test temp dir (not removed afterwards: the
+// test harness owns that tree).
+inline std::string MakeTempDir() {
+  std::string pattern = ::testing::TempDir();
+  if (pattern.empty() || pattern.back() != '/') pattern += '/';
+  pattern += "mlag_XXXXXX";
+  std::vector<char> buf(pattern.begin(), pattern.end());
+  buf.push_back('\0');
+  const char* dir = ::mkdtemp(buf.data());
+  EXPECT_NE(dir, nullptr);
+  return dir == nullptr ? std::string() : std::string(dir);
+}
 
 // The process-wide host device and a stream on it.
 inline Device& HostDevice() {

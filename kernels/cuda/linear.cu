@@ -21,7 +21,26 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+__global__ void __launch_bounds__(kThreads)
+    F32ToBf16RowsKernel(const float* x, int64_t rows, int64_t cols, int64_t ld, uint16_t* out) {
+  const int64_t n = rows * cols;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[idx] = F32ToBf16(x[(idx / cols) * ld + idx % cols]);
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchF32ToBf16Rows(const float* x, int64_t rows, int64_t cols, int64_t ld,
+                                uint16_t* out, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  int64_t blocks = (rows * cols + kThreads - 1) / kThreads;
+  if (blocks > 65535 * 8) blocks = 65535 * 8;
+  MLAG_LAUNCH(F32ToBf16RowsKernel, static_cast<unsigned>(blocks), kThreads, 0, stream)
+  (x, rows, cols, ld, out);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchZeroF32(float* p, int64_t n0, int64_t n1, int64_t n2, int64_t stride0,
                           int64_t stride1, cudaStream_t stream) {

@@ -262,7 +262,7 @@ struct GroupedGemmArgs {
   const float* a;  // kGateUp: x (rows gathered via token_of_row); else act
   int64_t lda;
   const int32_t* token_of_row;  // kGateUp only
-  const float* b;               // slot s at b + s * b_slot_stride; rows of length k
+  const void* b;                // slot s at b + s * b_slot_stride; rows of length k
   int64_t b_slot_stride;
   int n;  // output columns (kGateUp: I, up rows at b row n + c)
   int k;  // reduction length
@@ -273,7 +273,14 @@ struct GroupedGemmArgs {
   int num_slots;
 };
 
-template <int BM, int BN, int BK, int TM, int TN, bool kGateUp>
+// A weight element as f32: f32 as is, bf16 widened (exact).
+__device__ __forceinline__ float WeightAsF32(const float* w, int64_t i) { return w[i]; }
+__device__ __forceinline__ float WeightAsF32(const uint16_t* w, int64_t i) {
+  return Bf16ToF32(w[i]);
+}
+
+// WT: the weights' storage type, float or uint16_t (bf16).
+template <int BM, int BN, int BK, int TM, int TN, bool kGateUp, typename WT>
 __global__ void __launch_bounds__((BM / TM) * (BN / TN)) MoeGroupedGemmKernel(GroupedGemmArgs p) {
   constexpr int kThreads = (BM / TM) * (BN / TN);
   constexpr int kColThreads = BN / TN;
@@ -320,8 +327,8 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN)) MoeGroupedGemmKernel(Gr
     }
     a_row[i] = ptr;
   }
-  const float* b_slot = p.b + static_cast<int64_t>(slot) * p.b_slot_stride;
-  const float* b_row[kNumB][kBLoads];
+  const WT* b_slot = static_cast<const WT*>(p.b) + static_cast<int64_t>(slot) * p.b_slot_stride;
+  const WT* b_row[kNumB][kBLoads];
 #pragma unroll
   for (int i = 0; i < kBLoads; ++i) {
     const int c = col0 + (tid + i * kThreads) / BK;
@@ -354,7 +361,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN)) MoeGroupedGemmKernel(Gr
       const int c = (tid + i * kThreads) / BK;
 #pragma unroll
       for (int h = 0; h < kNumB; ++h) {
-        bs[h][load_k][c] = b_row[h][i] != nullptr && k_ok ? b_row[h][i][kk] : 0.0f;
+        bs[h][load_k][c] = b_row[h][i] != nullptr && k_ok ? WeightAsF32(b_row[h][i], kk) : 0.0f;
       }
     }
     __syncthreads();
@@ -409,14 +416,14 @@ constexpr TileConfig kLargeTiles{64};
 // Average rows per local expert from which the tall tiles are used.
 constexpr int64_t kLargeTileRows = 32;
 
-template <bool kGateUp>
+template <bool kGateUp, typename WT>
 cudaError_t LaunchGroupedGemm(const TileConfig& cfg, const GroupedGemmArgs& p, int max_tiles,
                               cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(max_tiles),
                   static_cast<unsigned>((p.n + kTileN - 1) / kTileN));
   auto* const kernel = cfg.bm == kLargeTiles.bm
-                           ? MoeGroupedGemmKernel<64, kTileN, kTileK, 4, 4, kGateUp>
-                           : MoeGroupedGemmKernel<16, kTileN, kTileK, 1, 4, kGateUp>;
+                           ? MoeGroupedGemmKernel<64, kTileN, kTileK, 4, 4, kGateUp, WT>
+                           : MoeGroupedGemmKernel<16, kTileN, kTileK, 1, 4, kGateUp, WT>;
   MLAG_LAUNCH(kernel, grid, 256, 0, stream)(p);
   return cudaGetLastError();
 }
@@ -547,7 +554,9 @@ cudaError_t LaunchMoeExperts(const MoeExpertsArgs& a, cudaStream_t stream) {
     gu.num_slots = a.L;
     // I == 0: no activations; the down GEMM then sums nothing (y = 0).
     if (a.I > 0) {
-      err = LaunchGroupedGemm<true>(cfg, gu, max_tiles, stream);
+      err = a.w_dtype == DType::kBF16
+                ? LaunchGroupedGemm<true, uint16_t>(cfg, gu, max_tiles, stream)
+                : LaunchGroupedGemm<true, float>(cfg, gu, max_tiles, stream);
       if (err != cudaSuccess) return err;
     }
 
@@ -561,7 +570,8 @@ cudaError_t LaunchMoeExperts(const MoeExpertsArgs& a, cudaStream_t stream) {
     dn.k = a.I;
     dn.c = y;
     dn.ldc = a.D;
-    err = LaunchGroupedGemm<false>(cfg, dn, max_tiles, stream);
+    err = a.w_dtype == DType::kBF16 ? LaunchGroupedGemm<false, uint16_t>(cfg, dn, max_tiles, stream)
+                                    : LaunchGroupedGemm<false, float>(cfg, dn, max_tiles, stream);
     if (err != cudaSuccess) return err;
   }
 

@@ -69,8 +69,9 @@ struct MoeExpertsArgs {
   const int32_t* topk_ids = nullptr;    // [T, K] contiguous
   const float* topk_weights = nullptr;  // [T, K] contiguous
   const int32_t* expert_map = nullptr;  // [E]: global expert -> local slot or -1
-  const float* w_gate_up = nullptr;     // [L, 2I, D] contiguous
-  const float* w_down = nullptr;        // [L, D, I] contiguous
+  const void* w_gate_up = nullptr;      // [L, 2I, D] contiguous, in w_dtype
+  const void* w_down = nullptr;         // [L, D, I] contiguous, in w_dtype
+  DType w_dtype = DType::kF32;          // f32 or bf16 (widened to f32 as loaded)
   float* out = nullptr;                 // [T, D] contiguous, overwritten
   void* workspace = nullptr;  // >= MoeExpertsWorkspaceBytes(T, K, D, I, L), 4-byte aligned
   size_t workspace_bytes = 0;

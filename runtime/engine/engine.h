@@ -38,8 +38,8 @@ struct EngineOptions {
   std::string kv_cache_dtype = "auto";
   // How projection weights are held: "auto" (as the checkpoint stores them:
   // bf16 and fp8 kept, anything else f32), "f32", "bf16" or "fp8" (e4m3 with
-  // 128 x 128 block scales; lm_head then bf16). On CUDA every projection is
-  // held in f32 (dequantized at load).
+  // 128 x 128 block scales; lm_head then bf16). CUDA holds fp8 projections
+  // in bf16 (dequantized at load) and runs bf16 ones through cuBLASLt.
   std::string weight_dtype = "auto";
   int block_size = 64;
   int max_num_seqs = 64;

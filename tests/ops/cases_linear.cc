@@ -2,27 +2,24 @@
 // weight absorption), against products summed in double. f32 throughout:
 // within 1e-5 normwise (their rounding error is ~1e-7 at these sizes).
 //
-// Row counts cover every host path (1 row: matrix-vector; 2-24: the
-// small-rows kernel; more: sgemm) and the CUDA cuBLASLt path; x and y are
-// column slices of wider buffers in most cases.
+// Row counts cover the host GEMM's row blocks and panels and the CUDA
+// cuBLASLt path; x and y are column slices of wider buffers in most cases.
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "kernels/linear.h"
+#include "runtime/core/fp8_blocks.h"
 #include "tests/ops/harness.h"
+#include "tests/status_matchers.h"
 
 namespace mlag::ops_test {
 namespace {
 
-void LinearCase(Context& ctx, int64_t rows, int64_t in, int64_t out, int64_t x_pad, int64_t y_pad) {
-  Buf& x = ctx.Make("x", DType::kF32, {rows, in}, x_pad + 1, x_pad);
-  ctx.Randomize(x);
-  Buf& w = ctx.Make("weight", DType::kF32, {out, in});
-  ctx.Randomize(w);
-  Buf& y = ctx.Output("y", DType::kF32, {rows, out}, 2 * y_pad, y_pad);
-  ctx.RunOp({&y}, [&](Stream& s) { return Linear(s, x.t, w.t, y.t); });
-  const std::vector<double> xv = x.Values(), wv = w.Values();
+// y = x W^T in double: x [rows, in], W [out, in].
+std::vector<double> RefLinear(const std::vector<double>& xv, const std::vector<double>& wv,
+                              int64_t rows, int64_t in, int64_t out) {
   std::vector<double> want;
   for (int64_t t = 0; t < rows; ++t) {
     for (int64_t o = 0; o < out; ++o) {
@@ -32,7 +29,54 @@ void LinearCase(Context& ctx, int64_t rows, int64_t in, int64_t out, int64_t x_p
       want.push_back(acc);
     }
   }
-  ctx.ExpectClose(y, want, Tolerance{});
+  return want;
+}
+
+void LinearCase(Context& ctx, int64_t rows, int64_t in, int64_t out, int64_t x_pad, int64_t y_pad) {
+  Buf& x = ctx.Make("x", DType::kF32, {rows, in}, x_pad + 1, x_pad);
+  ctx.Randomize(x);
+  Buf& w = ctx.Make("weight", DType::kF32, {out, in});
+  ctx.Randomize(w);
+  Buf& y = ctx.Output("y", DType::kF32, {rows, out}, 2 * y_pad, y_pad);
+  ctx.RunOp({&y}, [&](Stream& s) { return Linear(s, x.t, w.t, y.t); });
+  ctx.ExpectClose(y, RefLinear(x.Values(), w.Values(), rows, in, out), Tolerance{});
+}
+
+// bf16 and fp8 weights (fp8: e4m3 values with per-row 128-column block
+// scales), against the product of x and the weights' f32 values summed in
+// double. The host is as exact as f32 (it converts weights in registers);
+// CUDA rounds x to bf16 for a bf16 matmul (about 2^-9 relative) and takes
+// no fp8 weights (the loader dequantizes them to bf16 there).
+void LinearWeightDtypeCase(Context& ctx, DType dtype, int64_t rows, int64_t in, int64_t out) {
+  Buf& x = ctx.Make("x", DType::kF32, {rows, in}, 3, 1);
+  ctx.Randomize(x);
+  Buf& w = ctx.Make("weight", dtype, {out, in});
+  ctx.Randomize(w, -3.0, 3.0);
+  std::vector<double> wv = w.Values();
+  LinearWeight weight(w.t);
+  if (dtype == DType::kF8E4M3) {
+    Buf& scales = ctx.Make("scales", DType::kF32, {out, Fp8Blocks(in)});
+    ctx.Randomize(scales, 0.01, 2.0);
+    const std::vector<double> sv = scales.Values();
+    for (int64_t o = 0; o < out; ++o) {
+      for (int64_t k = 0; k < in; ++k) {
+        double& v = wv[static_cast<size_t>(o * in + k)];
+        v = Fp8Dequantize(F32ToF8E4M3(static_cast<float>(v)),
+                          static_cast<float>(sv[static_cast<size_t>(o * Fp8Blocks(in) + k / 128)]));
+      }
+    }
+    weight.scales = scales.t;
+  }
+  Buf& y = ctx.Output("y", DType::kF32, {rows, out}, 2, 1);
+  if (ctx.is_cuda() && dtype == DType::kF8E4M3) {
+    EXPECT_THAT(Linear(ctx.stream(), x.t, weight, y.t),
+                ::mlag::testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                          ::testing::HasSubstr("weight")));
+    return;
+  }
+  ctx.RunOp({&y}, [&](Stream& s) { return Linear(s, x.t, weight, y.t); });
+  ctx.ExpectClose(y, RefLinear(x.Values(), wv, rows, in, out),
+                  ctx.is_cuda() ? Tolerance::F32(1e-2) : Tolerance{});
 }
 
 struct HeadCase {
@@ -83,6 +127,14 @@ void AddLinearCases(CaseList& cases) {
       ++i;
       cases.Add("linear", absl::StrCat(rows, "x", in, " -> ", out, " pads ", x_pad, " ", y_pad),
                 [=](Context& ctx) { LinearCase(ctx, rows, in, out, x_pad, y_pad); });
+    }
+  }
+  for (DType dtype : {DType::kBF16, DType::kF8E4M3}) {
+    for (int64_t rows : {1, 3, 8, 33}) {
+      for (auto [in, out] : {std::pair<int64_t, int64_t>{37, 5}, {300, 70}, {129, 33}}) {
+        cases.Add("linear", absl::StrCat(DTypeName(dtype), " weights ", rows, "x", in, " -> ", out),
+                  [=](Context& ctx) { LinearWeightDtypeCase(ctx, dtype, rows, in, out); });
+      }
     }
   }
   const HeadCase heads[] = {

@@ -25,6 +25,7 @@
 #include "runtime/core/status.h"
 #include "runtime/engine/engine.h"
 #include "tests/status_matchers.h"
+#include "tests/test_util.h"
 
 namespace mlag {
 namespace {
@@ -32,16 +33,7 @@ namespace {
 using ::mlag::testing::StatusIs;
 using ::testing::HasSubstr;
 
-std::string MakeTempDir() {
-  std::string pattern = ::testing::TempDir();
-  if (pattern.empty() || pattern.back() != '/') pattern += '/';
-  pattern += "mlag_fp8_XXXXXX";
-  std::vector<char> buf(pattern.begin(), pattern.end());
-  buf.push_back('\0');
-  const char* dir = ::mkdtemp(buf.data());
-  EXPECT_NE(dir, nullptr);
-  return dir == nullptr ? std::string() : std::string(dir);
-}
+using ::mlag::testing::MakeTempDir;
 
 // tiny-v3 exported as fp8 once for the whole suite.
 const std::string& Fp8Dir() {

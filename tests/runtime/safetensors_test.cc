@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "runtime/core/file.h"
 #include "tests/status_matchers.h"
+#include "tests/test_util.h"
 
 namespace mlag {
 namespace {
@@ -29,16 +30,7 @@ using ::testing::HasSubstr;
 using json = nlohmann::json;
 
 // A fresh directory under the test temp dir.
-std::string MakeTempDir() {
-  std::string pattern = ::testing::TempDir();
-  if (pattern.empty() || pattern.back() != '/') pattern += '/';
-  pattern += "mlag_st_XXXXXX";
-  std::vector<char> buf(pattern.begin(), pattern.end());
-  buf.push_back('\0');
-  const char* dir = ::mkdtemp(buf.data());
-  EXPECT_NE(dir, nullptr);
-  return dir == nullptr ? std::string() : std::string(dir);
-}
+using ::mlag::testing::MakeTempDir;
 
 void WriteBytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

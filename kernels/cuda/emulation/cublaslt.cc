@@ -237,8 +237,9 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
       if (size != sizeof(uint32_t)) return CUBLAS_STATUS_INVALID_VALUE;
       uint32_t align;
       std::memcpy(&align, buf, size);
-      // Powers of two from 4 bytes (an f32 element); nothing else is valid.
-      return align >= 4 && (align & (align - 1)) == 0 ? CUBLAS_STATUS_SUCCESS
+      // Powers of two (2 bytes: a bf16 matrix with an odd leading
+      // dimension); nothing else is valid.
+      return align >= 1 && (align & (align - 1)) == 0 ? CUBLAS_STATUS_SUCCESS
                                                       : CUBLAS_STATUS_INVALID_VALUE;
     }
   }
