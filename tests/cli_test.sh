@@ -91,6 +91,8 @@ for d in j["decode"]:
     assert d["bytes_per_step"] > 0 and d["graph_ms"] > 0 and d["eager_ms"] > 0, d
     assert 0 < d["fraction_of_bandwidth"], d
 assert j["prefill"]["tokens_per_s"] > 0
+for k in ("build_seconds", "capture_seconds", "weight_dtype", "weight_bytes_by_dtype", "kv_cache_dtype"):
+    assert k in j, k
 PY
   then ok; else bad "bench JSON content"; fi
 fi

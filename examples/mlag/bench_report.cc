@@ -44,8 +44,8 @@ void PrintBenchJson(const BenchReport& r) {
   }
   j["context_len"] = r.context_len;
   j["steps"] = r.steps;
-  j["r.build_secondseconds"] = r.build_seconds;
-  j["r.capture_secondseconds"] = r.capture_seconds;
+  j["build_seconds"] = r.build_seconds;
+  j["capture_seconds"] = r.capture_seconds;
   j["decode"] = nlohmann::json::array();
   for (const DecodeResult& d : r.decode) {
     const double gbs = d.bytes / (d.graph_ms / 1e3) / 1e9;
