@@ -196,6 +196,13 @@ absl::Status Bench(BenchFlags f) {
   report.decode = results;
   report.prefill_tokens = f.prefill_len;
   report.prefill_ms = Median(pre_ms);
+  if (!device->is_cuda()) {
+    // The widest dense projection the model has (an MLP's gate|up).
+    const int64_t width = mc.n_routed_experts > 0 ? 2 * int64_t{mc.moe_intermediate_size}
+                                                  : 2 * int64_t{mc.intermediate_size};
+    MLAG_ASSIGN_OR_RETURN(report.gemm_cost,
+                          MeasureGemmCost(width, mc.hidden_size, {1, max_batch, f.prefill_len}));
+  }
   if (f.json) {
     PrintBenchJson(report);
   } else {

@@ -64,6 +64,16 @@ void PrintBenchJson(const BenchReport& r) {
   }
   j["prefill"] = {
       {"tokens", r.prefill_tokens}, {"ms", r.prefill_ms}, {"tokens_per_s", prefill_tok_s}};
+  j["invariance_cost"] = nlohmann::json::array();
+  for (const GemmCost& g : r.gemm_cost) {
+    j["invariance_cost"].push_back(
+        {{"rows", g.rows},
+         {"out", g.out},
+         {"in", g.in},
+         {"host_gemm_gflops", g.host_gemm_gflops},
+         {"openblas_gflops", g.openblas_gflops},
+         {"host_gemm_vs_openblas", g.host_gemm_gflops / g.openblas_gflops}});
+  }
   std::printf("%s\n", j.dump(2).c_str());
 }
 
@@ -100,6 +110,17 @@ void PrintBenchText(const BenchReport& r) {
                 d.batch / (d.eager_ms / 1e3),
                 tok_s_1 > 0 ? d.batch / (d.graph_ms / 1e3) / tok_s_1 : 0.0, d.experts_touched,
                 d.bytes / 1e9, gbs, 100.0 * gbs * 1e9 / r.bandwidth.bytes_per_second);
+  }
+  if (!r.gemm_cost.empty()) {
+    std::printf(
+        "\nwhat batch invariance costs: the host GEMM (one summation order at every row count)"
+        " against OpenBLAS sgemm, f32 [%lld x %lld] weights, GFLOP/s:\n",
+        static_cast<long long>(r.gemm_cost[0].out), static_cast<long long>(r.gemm_cost[0].in));
+    for (const GemmCost& g : r.gemm_cost) {
+      std::printf("  rows %5lld: host GEMM %8.1f  OpenBLAS %8.1f  (%.2fx)\n",
+                  static_cast<long long>(g.rows), g.host_gemm_gflops, g.openblas_gflops,
+                  g.host_gemm_gflops / g.openblas_gflops);
+    }
   }
   std::printf("\nprefill: %d tokens in %.1f ms: %.1f tokens/s\n", r.prefill_tokens, r.prefill_ms,
               prefill_tok_s);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "examples/mlag/gemm_cost.h"
 #include "examples/mlag/memory_bandwidth.h"
 #include "layers/model_config.h"
 #include "layers/weight_arena.h"
@@ -23,6 +24,8 @@ struct DecodeResult {
 };
 
 struct BenchReport {
+  // Host: the host GEMM against OpenBLAS on a projection of the model.
+  std::vector<GemmCost> gemm_cost;
   std::string device_name;
   bool is_cuda = false;
   BandwidthMeasurement bandwidth;

@@ -50,7 +50,14 @@ struct Scratch {
   std::vector<const float*> latent;
   std::vector<const float*> pe;
   std::vector<int64_t> limit;
+  std::vector<float> split_out;  // prefill: per (query, split) partial outputs
+  std::vector<float> split_lse;
 };
+
+// Grows `v` (never shrinks it) to at least n elements.
+void GrowTo(std::vector<float>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+}
 
 Scratch& ThreadScratch() {
   thread_local Scratch scratch;
@@ -237,8 +244,15 @@ absl::Status MlaDecode(const Tensor& q_latent, const Tensor& q_pe, const Tensor&
     }
     if (num_splits > 1) num_partials += num_splits;
   }
-  std::vector<float> partial_out(static_cast<size_t>(num_partials * heads * rkv));
-  std::vector<float> partial_lse(static_cast<size_t>(num_partials * heads));
+  // Kept per thread and only grown (fresh megabytes every step would be
+  // page-faulted and zeroed by the kernel).
+  // (Local references: the worker threads must see this thread's buffers,
+  // not their own thread_local ones.)
+  thread_local std::vector<float> partial_out_buf, partial_lse_buf;
+  std::vector<float>& partial_out = partial_out_buf;
+  std::vector<float>& partial_lse = partial_lse_buf;
+  GrowTo(partial_out, num_partials * heads * rkv);
+  GrowTo(partial_lse, num_partials * heads);
 
   float* out = out_latent.data_as<float>();
   float* lse_out = lse.data_as<float>();
@@ -360,11 +374,10 @@ absl::Status MlaPrefill(const Tensor& q_latent, const Tensor& q_pe, const Tensor
         sc.limit[q] = context + (r - qsl[item.b]) + 1;  // causal: up to itself
       }
     }
-    std::vector<float> partial_out, partial_lse;
-    if (max_splits > 1) {
-      partial_out.resize(static_cast<size_t>(nq * max_splits * rkv));
-      partial_lse.resize(static_cast<size_t>(nq * max_splits));
-    }
+    std::vector<float>& partial_out = sc.split_out;
+    std::vector<float>& partial_lse = sc.split_lse;
+    GrowTo(partial_out, nq * max_splits * rkv);
+    GrowTo(partial_lse, nq * max_splits);
     for (int64_t k = 0; k < max_splits; ++k) {
       // Queries whose keys reach into split k: a suffix in row order.
       int64_t first = 0;

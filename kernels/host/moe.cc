@@ -16,6 +16,12 @@ namespace {
 
 constexpr int64_t kRouteChunk = 16;  // tokens per parallel routing work item
 
+// `buf` grown (never shrunk) to at least n floats; its data.
+float* Grow(std::vector<float>& buf, int64_t n) {
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(static_cast<size_t>(n));
+  return buf.data();
+}
+
 // row[i] = silu(row[i]) * row[I + i] for i < I: the gate half becomes the
 // activation, in place.
 void SiluMulInPlace(float* row, int64_t I) {
@@ -168,10 +174,15 @@ void MoeExperts(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weig
   }
 
   // Per-row scratch: gathered inputs [N, D], gate|up [N, 2I] (the activation
-  // is written over the gate half) and expert outputs [N, D].
-  std::vector<float> xg(static_cast<size_t>(N * D));
-  std::vector<float> h(static_cast<size_t>(N * 2 * I));
-  std::vector<float> y(static_cast<size_t>(N * D), 0.0f);
+  // is written over the gate half) and expert outputs [N, D]; and the
+  // weighted choices [T, K, D]. Kept per thread and only grown: fresh
+  // megabytes every step would be page-faulted and zeroed by the kernel.
+  // (The workers below use the pointers, so they see this thread's buffers.)
+  thread_local std::vector<float> xg_buf, h_buf, y_buf, choices_buf;
+  float* xg = Grow(xg_buf, N * D);
+  float* h = Grow(h_buf, N * 2 * I);
+  float* y = Grow(y_buf, N * D);
+  std::fill(y, y + N * D, 0.0f);
 
   // Each expert streams its weights once for all its rows (GemmNT), and every
   // row's result is independent of the other rows routed with it.
@@ -179,9 +190,9 @@ void MoeExperts(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weig
     const int64_t s = active[j];
     const int64_t r0 = offset[s];
     const int64_t n = offset[s + 1] - r0;
-    float* xs = xg.data() + r0 * D;
-    float* hs = h.data() + r0 * 2 * I;
-    float* ys = y.data() + r0 * D;
+    float* xs = xg + r0 * D;
+    float* hs = h + r0 * 2 * I;
+    float* ys = y + r0 * D;
     for (int64_t r = 0; r < n; ++r) {
       std::memcpy(xs + r * D, xp + token_of_row[r0 + r] * ldx, sizeof(float) * D);
     }
@@ -195,8 +206,7 @@ void MoeExperts(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weig
   // then each token sums them in k order: the same bits whether the sum runs
   // here or after an expert-parallel exchange of the choices.
   const bool per_choice = out.ndim() == 3;
-  std::vector<float> choices_scratch(per_choice ? 0 : static_cast<size_t>(pairs * D));
-  float* choices = per_choice ? out.data_as<float>() : choices_scratch.data();
+  float* choices = per_choice ? out.data_as<float>() : Grow(choices_buf, pairs * D);
   ParallelFor(T, [&](int64_t t) {
     for (int64_t k = 0; k < K; ++k) {
       float* c = choices + (t * K + k) * D;
@@ -206,7 +216,7 @@ void MoeExperts(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weig
         continue;
       }
       const float wk = tw[t * K + k];
-      const float* yr = y.data() + row * D;
+      const float* yr = y + row * D;
       for (int64_t d = 0; d < D; ++d) c[d] = wk * yr[d];
     }
   });

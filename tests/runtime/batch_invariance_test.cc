@@ -1,5 +1,5 @@
 // Batch invariance on the host: one request's full-vocabulary log-probs are
-// bitwise the same whether it runs alone or with 1 to 63 other requests
+// bitwise the same whether it runs alone or in batches of 2 to 64 requests
 // (which also chunk its prompt differently), in graph or eager mode, under
 // local expert parallelism of 2 and 4 ranks, and after a prefix-cache hit;
 // for every weight dtype. The kernels make this hold by construction
@@ -117,7 +117,11 @@ TEST_P(BatchInvarianceTest, LogprobsAreBitwiseTheSameInEveryBatchModeAndGroup) {
     const char* mode_name = mode == GraphMode::kNone ? "eager" : "graph";
     ExpectSameBits(RunEngine(Options(c, mode), {target}), alone,
                    absl::StrCat(mode_name, ", alone"));
-    for (int batch : {2, 5, 16, 33, 64}) {
+    // Batch sizes around the graph capture sizes and the largest step, and
+    // a different set per mode (which keeps the test short).
+    const std::vector<int> batches =
+        mode == GraphMode::kNone ? std::vector<int>{3, 17, 64} : std::vector<int>{2, 33, 64};
+    for (int batch : batches) {
       std::vector<RequestSpec> specs = {target};
       for (const RequestSpec& o : Others(batch - 1, vocab, 100 + batch)) specs.push_back(o);
       ExpectSameBits(RunEngine(Options(c, mode), specs), alone,

@@ -1,0 +1,70 @@
+#include "examples/mlag/gemm_cost.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+#include "absl/status/status.h"
+#include "kernels/host/blas.h"
+#include "kernels/host/linear.h"
+#include "kernels/host/parallel.h"
+
+namespace mlag {
+namespace {
+
+// Best wall time of `reps` runs of fn, in seconds.
+template <typename Fn>
+double BestSeconds(int reps, Fn&& fn) {
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<GemmCost>> MeasureGemmCost(int64_t out, int64_t in,
+                                                      const std::vector<int64_t>& rows, int reps) {
+  if (out <= 0 || in <= 0 || rows.empty()) {
+    return absl::InvalidArgumentError("gemm cost: empty shape");
+  }
+  const int64_t max_rows = *std::max_element(rows.begin(), rows.end());
+  std::vector<float> w(static_cast<size_t>(out * in)), x(static_cast<size_t>(max_rows * in)),
+      y(static_cast<size_t>(max_rows * out));
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (float& v : w) v = u(rng);
+  for (float& v : x) v = u(rng);
+  host::UseSerialBlas();
+  std::vector<GemmCost> results;
+  for (int64_t m : rows) {
+    const Tensor xt(x.data(), DType::kF32, {m, in});
+    const Tensor wt(w.data(), DType::kF32, {out, in});
+    const Tensor yt(y.data(), DType::kF32, {m, out});
+    host::Linear(xt, wt, yt);  // warm caches and pages
+    const double gemm_s = BestSeconds(reps, [&] { host::Linear(xt, wt, yt); });
+    // OpenBLAS, one contiguous block of output columns per thread.
+    const int64_t parts = host::NumThreads();
+    const double blas_s = BestSeconds(reps, [&] {
+      host::ParallelFor(parts, [&](int64_t p) {
+        const int64_t c0 = out * p / parts, c1 = out * (p + 1) / parts;
+        if (c1 <= c0) return;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
+                    static_cast<int>(c1 - c0), static_cast<int>(in), 1.0f, x.data(),
+                    static_cast<int>(in), w.data() + c0 * in, static_cast<int>(in), 0.0f,
+                    y.data() + c0, static_cast<int>(out));
+      });
+    });
+    const double flops = 2.0 * static_cast<double>(m) * out * in;
+    results.push_back({m, out, in, flops / gemm_s / 1e9, flops / blas_s / 1e9});
+  }
+  return results;
+}
+
+}  // namespace mlag

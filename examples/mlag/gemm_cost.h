@@ -1,0 +1,26 @@
+// What batch invariance costs the host, measured in the same run as the
+// figures it qualifies: the host GEMM (kernels/host/gemm.h, one summation
+// order per output element at every row count) against OpenBLAS's sgemm
+// (whose order depends on the row count) on one of the model's projection
+// shapes, both split over the same threads by output columns.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace mlag {
+
+struct GemmCost {
+  int64_t rows = 0, out = 0, in = 0;
+  double host_gemm_gflops = 0;  // 2 * rows * out * in / best time
+  double openblas_gflops = 0;
+};
+
+// Best of `reps` for each row count, f32 weights [out, in]. Host only.
+absl::StatusOr<std::vector<GemmCost>> MeasureGemmCost(int64_t out, int64_t in,
+                                                      const std::vector<int64_t>& rows,
+                                                      int reps = 3);
+
+}  // namespace mlag
