@@ -14,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/fp8_gemm.cuh"
 #include "kernels/cuda/linear.cuh"
 #include "runtime/core/cuda_status.h"
 #include "runtime/core/device.h"
@@ -332,6 +333,43 @@ absl::Status Linear(Stream& stream, const Tensor& x, const Tensor& weight, const
       "x ", x.ShapeString(), " (row stride ", x.stride(0), ") * weight ", weight.ShapeString(), " ",
       DTypeName(weight.dtype()), "^T -> y ", y.ShapeString(), " (row stride ", y.stride(0), ")");
   return RunGemm(stream, "linear", shape, key, weight.data(), b, y.data());
+}
+
+absl::StatusOr<bool> Fp8GemmSupported(int device) {
+  bool supported = false;
+  MLAG_CUDA_RETURN_IF_ERROR(cuda::Fp8BlockGemmSupported(device, &supported));
+  return supported;
+}
+
+absl::Status LinearFp8(Stream& stream, const Tensor& x, const Tensor& weight, const Tensor& scales,
+                       const Tensor& y) {
+  const int64_t rows = x.size(0);
+  const int64_t in = x.size(1);
+  const int64_t out = weight.size(0);
+  if (rows == 0 || out == 0) return absl::OkStatus();
+  if (in == 0) {
+    return LaunchZero(stream, "linear", y.data_as<float>(), rows, 1, out, y.stride(0), 0);
+  }
+  MLAG_ASSIGN_OR_RETURN(const bool supported, Fp8GemmSupported(stream.device().index()));
+  if (!supported) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("linear: fp8 weights need an sm_89 or newer GPU and a build for it (",
+                     stream.device().name(), "); the loader keeps them in bf16 there"));
+  }
+  const size_t scale_bytes = static_cast<size_t>(rows * ((in + 127) / 128)) * sizeof(float);
+  MLAG_ASSIGN_OR_RETURN(void* scratch,
+                        Scratch(stream, cuda::Fp8QuantizedBytes(rows, in), "linear (fp8)"));
+  float* sx = static_cast<float*>(scratch);
+  uint8_t* qx = static_cast<uint8_t*>(scratch) + (scale_bytes + 255) / 256 * 256;
+  return stream.LaunchCuda("linear", OpKind::kGemm, [&](void* s) {
+    const cudaStream_t cs = static_cast<cudaStream_t>(s);
+    cudaError_t err =
+        cuda::LaunchQuantizeFp8Rows(x.data_as<float>(), rows, in, x.stride(0), qx, sx, cs);
+    if (err != cudaSuccess) return static_cast<int>(err);
+    return static_cast<int>(cuda::LaunchFp8BlockGemm(qx, sx, weight.data_as<uint8_t>(),
+                                                     scales.data_as<float>(), rows, out, in,
+                                                     y.data_as<float>(), y.stride(0), cs));
+  });
 }
 
 absl::Status HeadMatmul(Stream& stream, const Tensor& x, const Tensor& weight, bool transpose_w,

@@ -49,6 +49,18 @@ inline constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 // or bf16, all sizes within int.
 absl::Status Linear(Stream& stream, const Tensor& x, const Tensor& weight, const Tensor& y);
 
+// y = x W^T with W in e4m3 and per-row 128-column block scales (a
+// LinearWeight, validated by kernels/linear.cc), through the FP8
+// block-scaled GEMM (kernels/cuda/fp8_gemm.cuh): x is quantized per row and
+// 128-column block into the stream's scratch first. FailedPrecondition where
+// Fp8GemmSupported is false.
+absl::Status LinearFp8(Stream& stream, const Tensor& x, const Tensor& weight, const Tensor& scales,
+                       const Tensor& y);
+
+// Whether CUDA device `device` runs LinearFp8 (sm_89 or later, and this
+// build has code for it).
+absl::StatusOr<bool> Fp8GemmSupported(int device);
+
 // Strided-batched matmul over heads (see kernels/linear.h), validated by
 // kernels/linear.cc. One cublasLtMatmul with batch count H.
 absl::Status HeadMatmul(Stream& stream, const Tensor& x, const Tensor& weight, bool transpose_w,

@@ -86,12 +86,13 @@ LinearWeight LinearWeight::SliceRows(int64_t r0, int64_t r1) const {
 }
 
 absl::Status CheckLinearWeight(const Stream& stream, const LinearWeight& weight,
-                               absl::string_view arg, std::initializer_list<int64_t> shape) {
+                               absl::string_view arg, std::initializer_list<int64_t> shape,
+                               bool cuda_fp8) {
   const Tensor& v = weight.values;
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, v, arg));
   MLAG_RETURN_IF_ERROR(CheckShape(v, arg, shape));
   MLAG_RETURN_IF_ERROR(CheckContiguous(v, arg));
-  if (stream.is_cuda()) return CheckDType(v, arg, {DType::kF32, DType::kBF16});
+  if (stream.is_cuda() && !cuda_fp8) return CheckDType(v, arg, {DType::kF32, DType::kBF16});
   MLAG_RETURN_IF_ERROR(CheckDType(v, arg, {DType::kF32, DType::kBF16, DType::kF8E4M3}));
   if (v.dtype() != DType::kF8E4M3) return absl::OkStatus();
   const std::string scales_arg = absl::StrCat(arg, ".scales");
@@ -107,13 +108,23 @@ absl::Status CheckLinearWeight(const Stream& stream, const LinearWeight& weight,
   return CheckContiguous(weight.scales, scales_arg);
 }
 
+absl::StatusOr<bool> Fp8LinearSupported(const Device& device) {
+  if (!device.is_cuda()) return true;
+#if MLAG_HAVE_CUDA
+  return cuda_blas::Fp8GemmSupported(device.index());
+#else
+  return false;
+#endif
+}
+
 absl::Status Linear(Stream& stream, const Tensor& x, const LinearWeight& weight, const Tensor& y) {
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, x, "x"));
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, y, "y"));
   MLAG_RETURN_IF_ERROR(CheckDType(x, "x", {DType::kF32}));
   MLAG_RETURN_IF_ERROR(CheckDType(y, "y", {DType::kF32}));
   MLAG_RETURN_IF_ERROR(CheckShape(x, "x", {-1, -1}));
-  MLAG_RETURN_IF_ERROR(CheckLinearWeight(stream, weight, "weight", {-1, x.size(1)}));
+  MLAG_RETURN_IF_ERROR(
+      CheckLinearWeight(stream, weight, "weight", {-1, x.size(1)}, /*cuda_fp8=*/true));
   MLAG_RETURN_IF_ERROR(CheckShape(y, "y", {x.size(0), weight.values.size(0)}));
   MLAG_RETURN_IF_ERROR(CheckRowMajor(x, "x"));
   MLAG_RETURN_IF_ERROR(CheckRowMajor(y, "y"));
@@ -127,7 +138,11 @@ absl::Status Linear(Stream& stream, const Tensor& x, const LinearWeight& weight,
   }
   if (stream.is_cuda()) {
 #if MLAG_HAVE_CUDA
-    // cuBLASLt; see kernels/cuda_blas.h for the warm-up-before-capture rule.
+    // cuBLASLt, or the FP8 block-scaled GEMM; see kernels/cuda_blas.h for
+    // the warm-up-before-capture rule.
+    if (weight.values.dtype() == DType::kF8E4M3) {
+      return cuda_blas::LinearFp8(stream, x, weight.values, weight.scales, y);
+    }
     return cuda_blas::Linear(stream, x, weight.values, y);
 #endif
   }

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "runtime/core/stream.h"
 #include "runtime/core/tensor.h"
 
@@ -38,9 +39,16 @@ struct LinearWeight {
 
 // Validates `weight` as argument `arg` with values of shape `shape` (-1: any):
 // dtype, contiguity and, for fp8, the scales' dtype and shape. CUDA takes f32
-// and bf16 weights (the loader dequantizes fp8 to bf16 there).
+// and bf16 weights, and fp8 where the op has an fp8 path (`cuda_fp8`: Linear,
+// MoeExperts).
 absl::Status CheckLinearWeight(const Stream& stream, const LinearWeight& weight,
-                               absl::string_view arg, std::initializer_list<int64_t> shape);
+                               absl::string_view arg, std::initializer_list<int64_t> shape,
+                               bool cuda_fp8 = false);
+
+// Whether Linear takes fp8 weights on `device`: always on the host; on CUDA
+// from sm_89 on, in a build with code for it. Elsewhere the loader
+// dequantizes fp8 checkpoints to bf16 (the fallback).
+absl::StatusOr<bool> Fp8LinearSupported(const Device& device);
 
 // y[t, :] = W x[t, :]  (y = x W^T), no bias.
 //   x: f32 [T, in], row-major (rows may be strided);
@@ -49,7 +57,9 @@ absl::Status CheckLinearWeight(const Stream& stream, const LinearWeight& weight,
 // Host: kernels/host/gemm.h, weights converted in registers; every output
 // element is summed in one order whatever T (batch-invariant).
 // CUDA: one cuBLASLt matmul with f32 accumulation: f32 x f32, or for bf16
-// weights x rounded to bf16 times bf16. Its algorithm is chosen
+// weights x rounded to bf16 times bf16; for fp8 weights (sm_89+,
+// Fp8LinearSupported) x quantized per row and 128-column block to e4m3 and
+// the FP8 block-scaled GEMM of kernels/cuda/fp8_gemm.cuh. Its algorithm is chosen
 // on the shape's first EAGER launch on the stream and cached; capturing a
 // shape that never ran eagerly on the stream fails with FailedPrecondition
 // (see kernels/cuda_blas.h). A launch of kind gemm.

@@ -89,8 +89,9 @@ absl::Status MoeRouteCuda(Stream& stream, const RoutingParams& params, const Ten
 
 absl::Status MoeExpertsCuda(Stream& stream, const Tensor& x, const Tensor& topk_ids,
                             const Tensor& topk_weights, const Tensor& expert_map,
-                            const Tensor& w_gate_up, const Tensor& w_down, const Tensor& out,
-                            const Tensor& workspace) {
+                            const LinearWeight& gate_up, const LinearWeight& down,
+                            const Tensor& out, const Tensor& workspace) {
+  const Tensor& w_gate_up = gate_up.values;
   const int64_t T = x.size(0), D = x.size(1), K = topk_ids.size(1), E = expert_map.size(0);
   const int64_t L = w_gate_up.size(0), I = w_gate_up.size(1) / 2;
   if (L > cuda::kMoeMaxLocalExperts) {
@@ -132,8 +133,12 @@ absl::Status MoeExpertsCuda(Stream& stream, const Tensor& x, const Tensor& topk_
   a.topk_weights = topk_weights.data_as<const float>();
   a.expert_map = expert_map.data_as<const int32_t>();
   a.w_gate_up = w_gate_up.data();
-  a.w_down = w_down.data();
+  a.w_down = down.values.data();
   a.w_dtype = w_gate_up.dtype();
+  if (gate_up.has_scales()) {
+    a.w_gate_up_scales = gate_up.scales.data_as<const float>();
+    a.w_down_scales = down.scales.data_as<const float>();
+  }
   a.out = out.data_as<float>();
   a.workspace = scratch;
   a.workspace_bytes = scratch_bytes;
@@ -226,14 +231,15 @@ absl::Status MoeExperts(Stream& stream, const Tensor& x, const Tensor& topk_ids,
   MLAG_RETURN_IF_ERROR(CheckDType(expert_map, "expert_map", {DType::kI32}));
   MLAG_RETURN_IF_ERROR(CheckShape(expert_map, "expert_map", {-1}));
   MLAG_RETURN_IF_ERROR(CheckContiguous(expert_map, "expert_map"));
-  MLAG_RETURN_IF_ERROR(CheckLinearWeight(stream, w_gate_up, "w_gate_up", {-1, -1, D}));
+  MLAG_RETURN_IF_ERROR(
+      CheckLinearWeight(stream, w_gate_up, "w_gate_up", {-1, -1, D}, /*cuda_fp8=*/true));
   const int64_t L = w_gate_up.values.size(0);
   if (w_gate_up.values.size(1) % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "w_gate_up: shape ", w_gate_up.values.ShapeString(), ", dim 1 must be 2*I (even)"));
   }
   const int64_t I = w_gate_up.values.size(1) / 2;
-  MLAG_RETURN_IF_ERROR(CheckLinearWeight(stream, w_down, "w_down", {L, D, I}));
+  MLAG_RETURN_IF_ERROR(CheckLinearWeight(stream, w_down, "w_down", {L, D, I}, /*cuda_fp8=*/true));
   if (w_down.dtype() != w_gate_up.dtype()) {
     return absl::InvalidArgumentError(absl::StrCat("w_down: dtype ", DTypeName(w_down.dtype()),
                                                    ", w_gate_up's is ",
@@ -252,8 +258,8 @@ absl::Status MoeExperts(Stream& stream, const Tensor& x, const Tensor& topk_ids,
   }
   if (stream.is_cuda()) {
 #if MLAG_HAVE_CUDA
-    return MoeExpertsCuda(stream, x, topk_ids, topk_weights, expert_map, w_gate_up.values,
-                          w_down.values, out, workspace);
+    return MoeExpertsCuda(stream, x, topk_ids, topk_weights, expert_map, w_gate_up, w_down, out,
+                          workspace);
 #endif
   }
   (void)workspace;  // the host needs no scratch from the caller

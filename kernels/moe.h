@@ -57,7 +57,8 @@ absl::Status MoeRoute(Stream& stream, const RoutingParams& params, const Tensor&
 //   expert_map: i32 [E] global expert -> local slot, -1 = not held here
 //   w_gate_up: [L, 2*I, D] (gate rows then up rows per expert), w_down:
 //     [L, D, I]; LinearWeights (kernels/linear.h) of one dtype: f32, bf16 or
-//     (host) fp8; on CUDA bf16 weights are widened to f32 as loaded
+//     fp8; on CUDA bf16 and fp8 weights are widened to f32 as loaded (fp8:
+//     times its block scale, rounded once, the host's dequantized value)
 //   out: f32 [T, D] contiguous, overwritten (rows with no local expert are 0).
 //     Host only: out may instead be [T, K, D], the weighted choices
 //     topk_weights[t,k] * f_e(x[t]) unsummed (0 where not held here), for an

@@ -82,9 +82,18 @@ DType WeightArena::LinearDType(const WeightSource& source, absl::string_view nam
       d = DType::kF8E4M3;
       break;
   }
-  // CUDA holds fp8 weights as bf16 (dequantized at load): the fallback for
-  // GPUs without an fp8 GEMM here.
-  return d == DType::kF8E4M3 && (!allow_fp8 || device_->is_cuda()) ? DType::kBF16 : d;
+  // bf16 (dequantized at load) where fp8 is not wanted or the device has no
+  // fp8 GEMM: the fallback for GPUs before sm_89.
+  return d == DType::kF8E4M3 && (!allow_fp8 || !Fp8OnDevice()) ? DType::kBF16 : d;
+}
+
+bool WeightArena::Fp8OnDevice() const {
+  if (fp8_on_device_ < 0) {
+    // A failed query counts as "no": bf16 works everywhere.
+    const absl::StatusOr<bool> supported = Fp8LinearSupported(*device_);
+    fp8_on_device_ = supported.ok() && *supported ? 1 : 0;
+  }
+  return fp8_on_device_ == 1;
 }
 
 absl::StatusOr<LinearWeight> WeightArena::AllocateLinear(std::initializer_list<int64_t> shape,
@@ -96,7 +105,12 @@ absl::StatusOr<LinearWeight> WeightArena::AllocateLinear(std::initializer_list<i
     s.back() = Fp8Blocks(s.back());
     Tensor probe(nullptr, DType::kF32, s);
     MLAG_ASSIGN_OR_RETURN(Buffer buf, device_->Allocate(probe.nbytes()));
-    if (probe.nbytes() > 0) std::memset(buf.data(), 0, probe.nbytes());
+    if (device_->is_cuda()) {
+      const std::vector<char> zeros(probe.nbytes(), 0);
+      MLAG_RETURN_IF_ERROR(device_->CopyFromHost(buf.data(), zeros.data(), zeros.size()));
+    } else if (probe.nbytes() > 0) {
+      std::memset(buf.data(), 0, probe.nbytes());
+    }
     w.scales = buf.AsTensor(DType::kF32, s);
     bytes_ += buf.bytes();
     bytes_by_dtype_[DType::kF32] += buf.bytes();
@@ -120,8 +134,7 @@ absl::Status WeightArena::LoadLinearInto(WeightSource& source, const std::string
   const DType dtype = dst.values.dtype();
   if (dtype == DType::kF32) return LoadInto(source, name, shape, dst.values);
   const std::vector<int64_t> dims(shape);
-  if (dims.size() != 2 || dst.values.numel() != dims[0] * dims[1] || !dst.values.is_contiguous() ||
-      (device_->is_cuda() && dtype != DType::kBF16)) {
+  if (dims.size() != 2 || dst.values.numel() != dims[0] * dims[1] || !dst.values.is_contiguous()) {
     return absl::InternalError(absl::StrCat("LoadLinearInto '", name, "': destination ",
                                             dst.values.ShapeString(), " in ", DTypeName(dtype),
                                             " does not fit"));
@@ -149,8 +162,12 @@ absl::Status WeightArena::LoadLinearInto(WeightSource& source, const std::string
     if (!device_->is_cuda()) return absl::OkStatus();
     return device_->CopyFromHost(dst.values.data(), bf16, dst.values.nbytes());
   }
-  // fp8: as stored, or quantized here; then the block scales go per row.
-  uint8_t* q = dst.values.data_as<uint8_t>();
+  // fp8: as stored, or quantized here; then the block scales go per row (on
+  // CUDA through host staging).
+  if (device_->is_cuda() && static_cast<int64_t>(staging_fp8_.size()) < rows * cols) {
+    staging_fp8_.resize(static_cast<size_t>(rows * cols));
+  }
+  uint8_t* q = device_->is_cuda() ? staging_fp8_.data() : dst.values.data_as<uint8_t>();
   const int64_t col_blocks = Fp8Blocks(cols);
   std::vector<float> block_scales(static_cast<size_t>(Fp8Blocks(rows) * col_blocks));
   if (stored == DType::kF8E4M3) {
@@ -168,8 +185,14 @@ absl::Status WeightArena::LoadLinearInto(WeightSource& source, const std::string
     MLAG_RETURN_IF_ERROR(CheckFp8(name, q, rows * cols, block_scales.data(),
                                   static_cast<int64_t>(block_scales.size())));
   }
-  ExpandFp8RowScales(block_scales.data(), rows, cols, dst.scales.data_as<float>());
-  return absl::OkStatus();
+  if (!device_->is_cuda()) {
+    ExpandFp8RowScales(block_scales.data(), rows, cols, dst.scales.data_as<float>());
+    return absl::OkStatus();
+  }
+  std::vector<float> row_scales(static_cast<size_t>(rows * col_blocks));
+  ExpandFp8RowScales(block_scales.data(), rows, cols, row_scales.data());
+  MLAG_RETURN_IF_ERROR(device_->CopyFromHost(dst.values.data(), q, dst.values.nbytes()));
+  return device_->CopyFromHost(dst.scales.data(), row_scales.data(), dst.scales.nbytes());
 }
 
 absl::StatusOr<Tensor> WeightArena::Allocate(std::initializer_list<int64_t> shape, DType dtype) {

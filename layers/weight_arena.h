@@ -6,8 +6,10 @@
 // f32, bf16, or fp8 e4m3 with per-row 128-column block scales; kAuto keeps
 // each tensor's stored dtype (bf16 and fp8 as stored, anything else f32).
 // Everything else (norms, router gate, correction bias, embeddings) is f32.
-// A CUDA device holds fp8 projections in bf16 (dequantized at load: there is
-// no fp8 GEMM on CUDA yet), f32 and bf16 as the host does.
+// A CUDA device holds fp8 projections in fp8 where Linear's FP8 GEMM runs
+// (sm_89 and later: Fp8LinearSupported), routed experts included (the
+// grouped expert GEMM widens them as loaded), and in bf16 elsewhere
+// (dequantized at load, the fallback). f32 and bf16 as the host does.
 #pragma once
 
 #include <map>
@@ -104,7 +106,11 @@ class WeightArena {
   // tensor would page-fault (and be zeroed by the kernel) once per tensor.
   std::vector<float> staging_;
   std::vector<uint16_t> staging_bf16_;  // bf16 weights on their way to CUDA
+  std::vector<uint8_t> staging_fp8_;    // fp8 weights on their way to CUDA
   float* Staging(int64_t n);
+  // Whether fp8 projections stay fp8 on this device (asked once).
+  bool Fp8OnDevice() const;
+  mutable int fp8_on_device_ = -1;  // -1: not asked yet
 };
 
 }  // namespace mlag

@@ -30,7 +30,9 @@ double BestSeconds(int reps, Fn&& fn) {
 }  // namespace
 
 absl::StatusOr<std::vector<GemmCost>> MeasureGemmCost(int64_t out, int64_t in,
-                                                      const std::vector<int64_t>& rows, int reps) {
+                                                      std::vector<int64_t> rows, int reps) {
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
   if (out <= 0 || in <= 0 || rows.empty()) {
     return absl::InvalidArgumentError("gemm cost: empty shape");
   }

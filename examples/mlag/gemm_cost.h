@@ -18,9 +18,9 @@ struct GemmCost {
   double openblas_gflops = 0;
 };
 
-// Best of `reps` for each row count, f32 weights [out, in]. Host only.
+// Best of `reps` for each distinct row count (ascending), f32 weights
+// [out, in]. Host only.
 absl::StatusOr<std::vector<GemmCost>> MeasureGemmCost(int64_t out, int64_t in,
-                                                      const std::vector<int64_t>& rows,
-                                                      int reps = 3);
+                                                      std::vector<int64_t> rows, int reps = 3);
 
 }  // namespace mlag

@@ -264,6 +264,10 @@ struct GroupedGemmArgs {
   const int32_t* token_of_row;  // kGateUp only
   const void* b;                // slot s at b + s * b_slot_stride; rows of length k
   int64_t b_slot_stride;
+  // fp8 weights: row r of slot s has its 128-column block scales at
+  // b_scales + s * b_scales_slot_stride + r * ceil(k / 128).
+  const float* b_scales;
+  int64_t b_scales_slot_stride;
   int n;  // output columns (kGateUp: I, up rows at b row n + c)
   int k;  // reduction length
   float* c;
@@ -273,13 +277,19 @@ struct GroupedGemmArgs {
   int num_slots;
 };
 
-// A weight element as f32: f32 as is, bf16 widened (exact).
-__device__ __forceinline__ float WeightAsF32(const float* w, int64_t i) { return w[i]; }
-__device__ __forceinline__ float WeightAsF32(const uint16_t* w, int64_t i) {
+// A weight element as f32: f32 as is, bf16 widened (exact), fp8 e4m3 times
+// its block scale `s` (the row's scales), rounded once (Fp8Dequantize).
+__device__ __forceinline__ float WeightAsF32(const float* w, const float*, int64_t i) {
+  return w[i];
+}
+__device__ __forceinline__ float WeightAsF32(const uint16_t* w, const float*, int64_t i) {
   return Bf16ToF32(w[i]);
 }
+__device__ __forceinline__ float WeightAsF32(const uint8_t* w, const float* s, int64_t i) {
+  return F8E4M3ToF32(w[i]) * s[i / 128];
+}
 
-// WT: the weights' storage type, float or uint16_t (bf16).
+// WT: the weights' storage type, float, uint16_t (bf16) or uint8_t (fp8).
 template <int BM, int BN, int BK, int TM, int TN, bool kGateUp, typename WT>
 __global__ void __launch_bounds__((BM / TM) * (BN / TN)) MoeGroupedGemmKernel(GroupedGemmArgs p) {
   constexpr int kThreads = (BM / TM) * (BN / TN);
@@ -329,12 +339,18 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN)) MoeGroupedGemmKernel(Gr
   }
   const WT* b_slot = static_cast<const WT*>(p.b) + static_cast<int64_t>(slot) * p.b_slot_stride;
   const WT* b_row[kNumB][kBLoads];
+  const float* s_row[kNumB][kBLoads];  // fp8 scales, else unused
+  const int64_t scale_blocks = (p.k + 127) / 128;
 #pragma unroll
   for (int i = 0; i < kBLoads; ++i) {
     const int c = col0 + (tid + i * kThreads) / BK;
 #pragma unroll
     for (int h = 0; h < kNumB; ++h) {
-      b_row[h][i] = c < p.n ? b_slot + (static_cast<int64_t>(h) * p.n + c) * p.k : nullptr;
+      const int64_t r = static_cast<int64_t>(h) * p.n + c;
+      b_row[h][i] = c < p.n ? b_slot + r * p.k : nullptr;
+      s_row[h][i] = p.b_scales != nullptr && c < p.n
+                        ? p.b_scales + slot * p.b_scales_slot_stride + r * scale_blocks
+                        : nullptr;
     }
   }
 
@@ -361,7 +377,8 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN)) MoeGroupedGemmKernel(Gr
       const int c = (tid + i * kThreads) / BK;
 #pragma unroll
       for (int h = 0; h < kNumB; ++h) {
-        bs[h][load_k][c] = b_row[h][i] != nullptr && k_ok ? WeightAsF32(b_row[h][i], kk) : 0.0f;
+        bs[h][load_k][c] =
+            b_row[h][i] != nullptr && k_ok ? WeightAsF32(b_row[h][i], s_row[h][i], kk) : 0.0f;
       }
     }
     __syncthreads();
@@ -426,6 +443,20 @@ cudaError_t LaunchGroupedGemm(const TileConfig& cfg, const GroupedGemmArgs& p, i
                            : MoeGroupedGemmKernel<16, kTileN, kTileK, 1, 4, kGateUp, WT>;
   MLAG_LAUNCH(kernel, grid, 256, 0, stream)(p);
   return cudaGetLastError();
+}
+
+template <bool kGateUp>
+cudaError_t LaunchGroupedGemm(DType w_dtype, const TileConfig& cfg, const GroupedGemmArgs& p,
+                              int max_tiles, cudaStream_t stream) {
+  switch (w_dtype) {
+    case DType::kBF16:
+      return LaunchGroupedGemm<kGateUp, uint16_t>(cfg, p, max_tiles, stream);
+    case DType::kF8E4M3:
+      if (p.b_scales == nullptr) return cudaErrorInvalidValue;
+      return LaunchGroupedGemm<kGateUp, uint8_t>(cfg, p, max_tiles, stream);
+    default:
+      return LaunchGroupedGemm<kGateUp, float>(cfg, p, max_tiles, stream);
+  }
 }
 
 // ---- Routed experts: combine --------------------------------------------------------
@@ -553,10 +584,10 @@ cudaError_t LaunchMoeExperts(const MoeExpertsArgs& a, cudaStream_t stream) {
     gu.tile_offsets = tile_offsets;
     gu.num_slots = a.L;
     // I == 0: no activations; the down GEMM then sums nothing (y = 0).
+    gu.b_scales = a.w_gate_up_scales;
+    gu.b_scales_slot_stride = int64_t{2} * a.I * ((a.D + 127) / 128);
     if (a.I > 0) {
-      err = a.w_dtype == DType::kBF16
-                ? LaunchGroupedGemm<true, uint16_t>(cfg, gu, max_tiles, stream)
-                : LaunchGroupedGemm<true, float>(cfg, gu, max_tiles, stream);
+      err = LaunchGroupedGemm<true>(a.w_dtype, cfg, gu, max_tiles, stream);
       if (err != cudaSuccess) return err;
     }
 
@@ -570,8 +601,9 @@ cudaError_t LaunchMoeExperts(const MoeExpertsArgs& a, cudaStream_t stream) {
     dn.k = a.I;
     dn.c = y;
     dn.ldc = a.D;
-    err = a.w_dtype == DType::kBF16 ? LaunchGroupedGemm<false, uint16_t>(cfg, dn, max_tiles, stream)
-                                    : LaunchGroupedGemm<false, float>(cfg, dn, max_tiles, stream);
+    dn.b_scales = a.w_down_scales;
+    dn.b_scales_slot_stride = static_cast<int64_t>(a.D) * ((a.I + 127) / 128);
+    err = LaunchGroupedGemm<false>(a.w_dtype, cfg, dn, max_tiles, stream);
     if (err != cudaSuccess) return err;
   }
 

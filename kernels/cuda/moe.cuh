@@ -71,8 +71,14 @@ struct MoeExpertsArgs {
   const int32_t* expert_map = nullptr;  // [E]: global expert -> local slot or -1
   const void* w_gate_up = nullptr;      // [L, 2I, D] contiguous, in w_dtype
   const void* w_down = nullptr;         // [L, D, I] contiguous, in w_dtype
-  DType w_dtype = DType::kF32;          // f32 or bf16 (widened to f32 as loaded)
-  float* out = nullptr;                 // [T, D] contiguous, overwritten
+  // f32, bf16 or fp8 e4m3, each weight widened to f32 as loaded (fp8: times
+  // its scale, rounded once, as Fp8Dequantize).
+  DType w_dtype = DType::kF32;
+  // fp8 only: per-row 128-column block scales, [L, 2I, ceil(D / 128)] and
+  // [L, D, ceil(I / 128)] contiguous.
+  const float* w_gate_up_scales = nullptr;
+  const float* w_down_scales = nullptr;
+  float* out = nullptr;       // [T, D] contiguous, overwritten
   void* workspace = nullptr;  // >= MoeExpertsWorkspaceBytes(T, K, D, I, L), 4-byte aligned
   size_t workspace_bytes = 0;
   int T = 0, K = 0, E = 0, L = 0, D = 0, I = 0;  // T * K fits int

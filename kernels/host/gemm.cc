@@ -37,11 +37,13 @@ constexpr int64_t kPrefetchAheadBytes = 2048;
 
 using GemmFn = void (*)(int64_t, int64_t, int64_t, const float*, int64_t, const GemmWeights&,
                         float*, int64_t);
+using AccumulateFn = void (*)(int64_t, int64_t, int64_t, const float*, int64_t, const float* const*,
+                              float*, int64_t);
 
 // One copy of the kernels per ISA, each compiled for it. Register budgets:
 // AVX-512 has 32 vector registers (6 x 4 accumulators, 4 w vectors, 1 x
-// vector; fp8 needs temporaries for its conversion, so 5 x 4), AVX2 and
-// SSE2 16.
+// vector; fp8 needs temporaries for its conversion, so 5 x 4; 4 x 4
+// accumulators for GemmNNAccumulate), AVX2 and SSE2 16.
 #if defined(__x86_64__) || defined(__i386__)
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,fma")
@@ -49,6 +51,7 @@ namespace avx512 {
 constexpr int kLanes = 16;
 constexpr bool kFma = true;
 constexpr int kRowBlock = 6, kColBlock = 4, kRowBlockFp8 = 5;
+constexpr int kAccRows = 4, kAccVectors = 4;
 // Intrinsics: __builtin_convertvector of bytes to int32 is scalarised. The
 // zero-masked form, as the plain one passes GCC an undefined vector that
 // -Wmaybe-uninitialized flags.
@@ -66,6 +69,7 @@ namespace avx2 {
 constexpr int kLanes = 8;
 constexpr bool kFma = true;
 constexpr int kRowBlock = 4, kColBlock = 2, kRowBlockFp8 = 3;
+constexpr int kAccRows = 2, kAccVectors = 4;
 __attribute__((always_inline)) inline Vec<int32_t, 8>::type WidenBytes(const uint8_t* p) {
   return reinterpret_cast<Vec<int32_t, 8>::type>(
       _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
@@ -80,6 +84,7 @@ namespace base {
 constexpr int kLanes = 4;
 constexpr bool kFma = false;
 constexpr int kRowBlock = 4, kColBlock = 2, kRowBlockFp8 = 3;
+constexpr int kAccRows = 2, kAccVectors = 4;
 __attribute__((always_inline)) inline Vec<int32_t, 4>::type WidenBytes(const uint8_t* p) {
   Vec<int8_t, 4>::type b;
   __builtin_memcpy(&b, p, sizeof(b));
@@ -90,6 +95,7 @@ __attribute__((always_inline)) inline Vec<int32_t, 4>::type WidenBytes(const uin
 
 struct Variant {
   GemmFn f32, bf16, fp8;
+  AccumulateFn accumulate;
   const char* isa;
 };
 
@@ -98,13 +104,13 @@ Variant Select() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("fma")) {
-    return {avx512::GemmF32, avx512::GemmBf16, avx512::GemmFp8, "avx512"};
+    return {avx512::GemmF32, avx512::GemmBf16, avx512::GemmFp8, avx512::GemmNNAccumulate, "avx512"};
   }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    return {avx2::GemmF32, avx2::GemmBf16, avx2::GemmFp8, "avx2"};
+    return {avx2::GemmF32, avx2::GemmBf16, avx2::GemmFp8, avx2::GemmNNAccumulate, "avx2"};
   }
 #endif
-  return {base::GemmF32, base::GemmBf16, base::GemmFp8, "sse2"};
+  return {base::GemmF32, base::GemmBf16, base::GemmFp8, base::GemmNNAccumulate, "sse2"};
 }
 
 const Variant& Chosen() {
@@ -127,6 +133,12 @@ void GemmNT(int64_t rows, int64_t n_out, int64_t k, const float* x, int64_t ldx,
   const Variant& v = Chosen();
   const GemmFn fn = w.dtype == DType::kBF16 ? v.bf16 : w.dtype == DType::kF8E4M3 ? v.fp8 : v.f32;
   fn(rows, n_out, k, x, ldx, w, y, ldy);
+}
+
+void GemmNNAccumulate(int64_t rows, int64_t n, int64_t k, const float* x, int64_t ldx,
+                      const float* const* w_rows, float* y, int64_t ldy) {
+  if (rows <= 0 || n <= 0 || k <= 0) return;
+  Chosen().accumulate(rows, n, k, x, ldx, w_rows, y, ldy);
 }
 
 const char* GemmIsa() { return Chosen().isa; }

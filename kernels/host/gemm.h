@@ -45,6 +45,14 @@ struct GemmWeights {
 void GemmNT(int64_t rows, int64_t n_out, int64_t k, const float* x, int64_t ldx,
             const GemmWeights& w, float* y, int64_t ldy);
 
+// y[m][c] += sum_p x[m][p] * w_rows[p][c] for m < rows, c < n, p < k: the
+// rows of w given by pointer (attention's value rows, scattered over cache
+// blocks). Each y element is one fused multiply-add chain over p in order
+// (multiply then add on SSE2), whatever the row count or blocking.
+// Single-threaded; same ISA choice as GemmNT.
+void GemmNNAccumulate(int64_t rows, int64_t n, int64_t k, const float* x, int64_t ldx,
+                      const float* const* w_rows, float* y, int64_t ldy);
+
 // Which variant GemmNT runs on this CPU: "avx512", "avx2" or "sse2".
 const char* GemmIsa();
 

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/common/softmax_math.h"
+#include "kernels/host/gemm.h"
 #include "kernels/host/parallel.h"
 
 namespace mlag::host {
@@ -44,7 +45,8 @@ struct Queries {
 struct Scratch {
   std::vector<float> rows;  // bf16 cache rows converted to f32, kKeyTile * row
   std::vector<const float*> row_ptr;
-  std::vector<float> probs;  // count * kKeyTile: scores, then probabilities
+  std::vector<float> probs;      // count * kKeyTile: scores, then probabilities
+  std::vector<float> pe_scores;  // count * kKeyTile: the rope part of the scores
   std::vector<OnlineSoftmaxState> state;
   std::vector<float> acc;  // count * Rkv
   std::vector<const float*> latent;
@@ -64,29 +66,50 @@ Scratch& ThreadScratch() {
   return scratch;
 }
 
-float Dot(const float* a, const float* b, int64_t n) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
-  return sum;
-}
-
 void Axpy(float alpha, const float* x, float* y, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
+// scores[q * ld_scores + j] = x_q . rows[j][offset, offset + k) for the
+// queries' vectors x (one pointer each) and the tile's n rows, through the
+// host GEMM: every score is summed in the GEMM's fixed order, so it does not
+// depend on which queries or rows share a call. Calls are made per run of
+// queries at one stride and per run of rows contiguous in the cache.
+void ScoreTile(const float* const* x, int64_t nq, const float* const* rows, int64_t n,
+               int64_t row_len, int64_t offset, int64_t k, float* scores, int64_t ld_scores) {
+  for (int64_t q0 = 0; q0 < nq;) {
+    int64_t q1 = q0 + 1;
+    const int64_t ldx = q1 < nq ? x[q1] - x[q0] : k;
+    while (q1 < nq && x[q1] - x[q1 - 1] == ldx) ++q1;
+    for (int64_t j0 = 0; j0 < n;) {
+      int64_t j1 = j0 + 1;
+      while (j1 < n && rows[j1] == rows[j1 - 1] + row_len) ++j1;
+      GemmWeights w;
+      w.data = rows[j0] + offset;
+      w.ld = row_len;
+      GemmNT(q1 - q0, j1 - j0, k, x[q0], ldx, w, scores + q0 * ld_scores + j0, ld_scores);
+      j0 = j1;
+    }
+    q0 = q1;
+  }
+}
+
 // Folds cache tokens [key_begin, key_end) into the online softmax of every
-// query: state[q] and acc[q * rkv, (q + 1) * rkv). Each cache row is loaded
-// once per tile and used by all queries (MQA over the latent).
+// query: state[q] and acc[q * rkv, (q + 1) * rkv). Each tile of cache rows
+// is scored and accumulated by every query as two small GEMMs (MQA over the
+// latent). A query's bits depend only on its own vectors, the keys and the
+// tile boundaries (kKeyTile from key_begin), not on the other queries.
 void AttendRange(const SeqKeys& keys, int64_t rkv, int64_t dr, float scale, const Queries& qs,
                  int64_t key_begin, int64_t key_end, OnlineSoftmaxState* state, float* acc,
                  Scratch& sc) {
   const int64_t nq = qs.count;
   sc.row_ptr.resize(kKeyTile);
   sc.probs.resize(static_cast<size_t>(nq * kKeyTile));
+  sc.pe_scores.resize(static_cast<size_t>(nq * kKeyTile));
   if (keys.dtype != DType::kF32) sc.rows.resize(static_cast<size_t>(kKeyTile * keys.row));
   float* probs = sc.probs.data();
+  float* pe_scores = sc.pe_scores.data();
   for (int64_t t0 = key_begin; t0 < key_end; t0 += kKeyTile) {
     const int64_t n = std::min(kKeyTile, key_end - t0);
     for (int64_t j = 0; j < n; ++j) {
@@ -99,19 +122,16 @@ void AttendRange(const SeqKeys& keys, int64_t rkv, int64_t dr, float scale, cons
         sc.row_ptr[j] = dst;
       }
     }
-    for (int64_t j = 0; j < n; ++j) {
-      const float* r = sc.row_ptr[j];
-      const int64_t s = t0 + j;
-      for (int64_t q = 0; q < nq; ++q) {
-        probs[q * kKeyTile + j] =
-            s < qs.limit[q] ? scale * (Dot(qs.latent[q], r, rkv) + Dot(qs.pe[q], r + rkv, dr))
-                            : -INFINITY;
-      }
-    }
+    ScoreTile(qs.latent, nq, sc.row_ptr.data(), n, keys.row, 0, rkv, probs, kKeyTile);
+    ScoreTile(qs.pe, nq, sc.row_ptr.data(), n, keys.row, rkv, dr, pe_scores, kKeyTile);
     for (int64_t q = 0; q < nq; ++q) {
       float* p = probs + q * kKeyTile;
+      const float* pe = pe_scores + q * kKeyTile;
       float tile_max = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) tile_max = std::max(tile_max, p[j]);
+      for (int64_t j = 0; j < n; ++j) {
+        p[j] = t0 + j < qs.limit[q] ? scale * (p[j] + pe[j]) : -INFINITY;
+        tile_max = std::max(tile_max, p[j]);
+      }
       const float alpha = OnlineSoftmaxRescale(&state[q], tile_max);
       if (alpha != 1.0f) {
         float* a = acc + q * rkv;
@@ -124,13 +144,8 @@ void AttendRange(const SeqKeys& keys, int64_t rkv, int64_t dr, float scale, cons
       }
       state[q].sum += sum;
     }
-    for (int64_t j = 0; j < n; ++j) {
-      const float* r = sc.row_ptr[j];
-      for (int64_t q = 0; q < nq; ++q) {
-        const float pj = probs[q * kKeyTile + j];
-        if (pj != 0.0f) Axpy(pj, r, acc + q * rkv, rkv);
-      }
-    }
+    // acc[q] += sum_j p[q][j] * row_j[0, rkv): masked keys have p = 0.
+    GemmNNAccumulate(nq, rkv, n, probs, kKeyTile, sc.row_ptr.data(), acc, rkv);
   }
 }
 

@@ -177,8 +177,10 @@ TEST_F(RuntimeGpuTest, AFailedAndAHungNcclRankEndEveryRankWithANamedError) {
   o.max_num_seqs = 4;
   EpOptions ep;
   ep.world = 4;
-  ep.peer_timeout = absl::Seconds(2);
-  ep.faults = {ParseEpFault("fail:1:5").value(), ParseEpFault("hang:2:5:3").value()};
+  // 4 s, not the host test's 2 s: a step of four emulated ranks sharing two
+  // cores can itself take over 2 s, and a healthy wait must not time out.
+  ep.peer_timeout = absl::Seconds(4);
+  ep.faults = {ParseEpFault("fail:1:5").value(), ParseEpFault("hang:2:5:6").value()};
   std::vector<absl::Status> ranks;
   const absl::Time start = absl::Now();
   auto result = RunExpertParallel(o, ep, EpBackend::kNccl, Requests(8, 1024, 5), nullptr, &ranks);

@@ -294,6 +294,52 @@ TEST(GemmTest, MatchesReferenceAndIsIndependentOfBatchAndDtype) {
   }
 }
 
+// y += x w with w's rows given by pointer (attention's probabilities times
+// value rows): against a double reference, and each row of y the same bits
+// whatever rows share the call.
+TEST(GemmTest, AccumulateMatchesReferenceAndIsIndependentOfBatch) {
+  SCOPED_TRACE(host::GemmIsa());
+  for (int64_t k : {1, 3, 16, 33}) {
+    for (int64_t n : {1, 7, 16, 70, 512, 517}) {
+      for (int64_t rows : {1, 2, 3, 4, 5, 9}) {
+        SCOPED_TRACE(::testing::Message() << rows << " x " << n << " x " << k);
+        const int64_t ldx = k + 1, ldy = n + 3, ldw = n + 5;
+        const std::vector<float> x =
+            testing::RandomFloats(static_cast<size_t>(rows * ldx), NextSeed());
+        // w rows out of order in their buffer, as cache rows are.
+        const std::vector<float> w_buf =
+            testing::RandomFloats(static_cast<size_t>(k * ldw), NextSeed(), -3.0f, 3.0f);
+        std::vector<const float*> w_rows(static_cast<size_t>(k));
+        for (int64_t p = 0; p < k; ++p) w_rows[p] = w_buf.data() + ((p * 5) % k) * ldw;
+        const std::vector<float> y0 =
+            testing::RandomFloats(static_cast<size_t>(rows * ldy), NextSeed());
+        std::vector<float> y = y0;
+        host::GemmNNAccumulate(rows, n, k, x.data(), ldx, w_rows.data(), y.data(), ldy);
+        double err = 0.0, ref = 0.0;
+        for (int64_t m = 0; m < rows; ++m) {
+          for (int64_t c = 0; c < n; ++c) {
+            double acc = y0[m * ldy + c];
+            for (int64_t p = 0; p < k; ++p) {
+              acc += static_cast<double>(x[m * ldx + p]) * w_rows[p][c];
+            }
+            err = std::max(err, std::abs(acc - y[m * ldy + c]));
+            ref = std::max(ref, std::abs(acc));
+          }
+          EXPECT_EQ(y[m * ldy + n], y0[m * ldy + n]) << "wrote past the row";
+        }
+        EXPECT_LE(err / std::max(ref, 1e-30), kF32Tol);
+        RecordError("host gemm accumulate", err / std::max(ref, 1e-30));
+        for (int64_t m = 0; m < rows; ++m) {
+          std::vector<float> alone(y0.begin() + m * ldy, y0.begin() + m * ldy + n);
+          host::GemmNNAccumulate(1, n, k, x.data() + m * ldx, ldx, w_rows.data(), alone.data(), n);
+          EXPECT_EQ(std::memcmp(alone.data(), y.data() + m * ldy, n * sizeof(float)), 0)
+              << "row " << m;
+        }
+      }
+    }
+  }
+}
+
 TEST(LinearTest, RejectsBadArguments) {
   Owned x = Make(DType::kF32, {3, 8});
   Owned w = Make(DType::kF32, {5, 8});

@@ -17,7 +17,8 @@
 //     an inaccessible guard page; both are filled with 0xff bytes before
 //     each block, so that reading unwritten shared memory shows up in the
 //     results and running past the dynamic size faults.
-//   * mma.sync.m16n8k16 (bf16 inputs, f32 accumulate), ldmatrix .x4 .trans
+//   * mma.sync.m16n8k16 (bf16 inputs, f32 accumulate), mma.sync.m16n8k32
+//     (e4m3 inputs, f32 accumulate), ldmatrix .x4 .trans
 //     and __shfl_xor_sync follow the PTX ISA's fragment and lane mappings,
 //     written out independently below; the products are exact and summed in
 //     double, then rounded once to f32.
@@ -53,6 +54,7 @@
 #include <math.h>
 #include <sys/mman.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -495,6 +497,76 @@ inline void MmaM16N8K16Bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, 
             for (int k = 0; k < 16; ++k) {
               acc += static_cast<double>(A[rows[r]][k]) * B[k][cols[r]];
             }
+            const float v = static_cast<float>(acc + C[rows[r]][cols[r]]);
+            std::memcpy(&ex.out[lane][r], &v, 4);
+          }
+        }
+      });
+  const unsigned lane = threadIdx.x & 31;
+  std::memcpy(d, Exchanges()[threadIdx.x >> 5].out[lane], 16);
+}
+
+// An e4m3 byte's value (1 sign, 4 exponent bits with bias 7, 3 mantissa
+// bits; S.1111.111 is NaN, there are no infinities), written out here from
+// the format's definition rather than taken from the project's converters.
+inline double E4M3Value(uint32_t byte) {
+  const uint32_t e = (byte >> 3) & 15u, m = byte & 7u;
+  if (e == 15u && m == 7u) return std::nan("");
+  const double mag = e == 0 ? std::ldexp(static_cast<double>(m), -9)
+                            : std::ldexp(static_cast<double>(8u + m), static_cast<int>(e) - 10);
+  return (byte & 0x80u) != 0 ? -mag : mag;
+}
+
+// mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 (sm_89+), d = a b + d.
+// PTX ISA fragment layouts for 8-bit operands, groupID = lane >> 2,
+// tig = lane % 4, bytes low to high within each register:
+//   A (16 x 32): register 0: (groupID,     4 tig + {0..3})
+//                register 1: (groupID + 8, 4 tig + {0..3})
+//                register 2: (groupID,     4 tig + 16 + {0..3})
+//                register 3: (groupID + 8, 4 tig + 16 + {0..3})
+//   B (32 x 8):  register 0: (k = 4 tig + {0..3},      n = groupID)
+//                register 1: (k = 4 tig + 16 + {0..3}, n = groupID)
+//   C, D (16 x 8 f32): as m16n8k16.
+// e4m3 products are exact in double; they are summed in double and rounded
+// once to f32 (a GPU's accumulation may round more often).
+inline void MmaM16N8K32E4M3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  float c_in[4] = {d[0], d[1], d[2], d[3]};
+  WarpCollective(
+      "mma.sync",
+      [&](WarpExchange& ex, unsigned lane) {
+        for (int r = 0; r < 4; ++r) ex.in[lane][r] = a[r];
+        ex.in[lane][4] = b0;
+        ex.in[lane][5] = b1;
+        for (int r = 0; r < 4; ++r) std::memcpy(&ex.out[lane][r], &c_in[r], 4);
+      },
+      [](WarpExchange& ex) {
+        double A[16][32], B[32][8];
+        float C[16][8];
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane >> 2, t = lane & 3;
+          for (int e = 0; e < 4; ++e) {
+            const auto byte = [&](int reg) { return (ex.in[lane][reg] >> (8 * e)) & 0xffu; };
+            A[g][4 * t + e] = E4M3Value(byte(0));
+            A[g + 8][4 * t + e] = E4M3Value(byte(1));
+            A[g][4 * t + 16 + e] = E4M3Value(byte(2));
+            A[g + 8][4 * t + 16 + e] = E4M3Value(byte(3));
+            B[4 * t + e][g] = E4M3Value(byte(4));
+            B[4 * t + 16 + e][g] = E4M3Value(byte(5));
+          }
+          float c[4];
+          std::memcpy(c, ex.out[lane], 16);
+          C[g][2 * t] = c[0];
+          C[g][2 * t + 1] = c[1];
+          C[g + 8][2 * t] = c[2];
+          C[g + 8][2 * t + 1] = c[3];
+        }
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane >> 2, t = lane & 3;
+          const int rows[4] = {g, g, g + 8, g + 8};
+          const int cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+          for (int r = 0; r < 4; ++r) {
+            double acc = 0.0;
+            for (int k = 0; k < 32; ++k) acc += A[rows[r]][k] * B[k][cols[r]];
             const float v = static_cast<float>(acc + C[rows[r]][cols[r]]);
             std::memcpy(&ex.out[lane][r], &v, 4);
           }

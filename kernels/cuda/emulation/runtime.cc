@@ -56,6 +56,24 @@ int ConfiguredDeviceCount() {
   return static_cast<int>(n);
 }
 
+// MLAG_EMULATED_COMPUTE_CAPABILITY (default 90): major * 10 + minor of every
+// device, in [50, 120], read at each query (so a test can emulate an older
+// GPU for the paths that depend on it). 90 when malformed, with a message.
+int ConfiguredComputeCapability() {
+  const char* env = std::getenv("MLAG_EMULATED_COMPUTE_CAPABILITY");
+  if (env == nullptr || *env == '\0') return 90;
+  char* end = nullptr;
+  const long cc = std::strtol(env, &end, 10);
+  if (*end != '\0' || cc < 50 || cc > 120) {
+    std::fprintf(stderr,
+                 "cuda emulation: MLAG_EMULATED_COMPUTE_CAPABILITY='%s' is not major * 10 + minor "
+                 "in [50, 120]; using 90\n",
+                 env);
+    return 90;
+  }
+  return static_cast<int>(cc);
+}
+
 // MLAG_EMULATED_GPU_MEMORY: bytes per device, with an optional K, M or G
 // suffix (default 16 GiB). 0 when malformed.
 size_t ConfiguredMemoryBytes() {
@@ -737,8 +755,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   prop->warpSize = 32;
   prop->maxThreadsPerBlock = 1024;
   prop->multiProcessorCount = kSms;
-  prop->major = 9;
-  prop->minor = 0;
+  prop->major = ConfiguredComputeCapability() / 10;
+  prop->minor = ConfiguredComputeCapability() % 10;
   // One bus id per device index, the same in every process of the host, as
   // the GPUs of one machine: NCCL tells devices apart by it.
   prop->pciBusID = 0x10 + device;
@@ -756,10 +774,10 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
       *value = kSms;
       return cudaSuccess;
     case cudaDevAttrComputeCapabilityMajor:
-      *value = 9;
+      *value = ConfiguredComputeCapability() / 10;
       return cudaSuccess;
     case cudaDevAttrComputeCapabilityMinor:
-      *value = 0;
+      *value = ConfiguredComputeCapability() % 10;
       return cudaSuccess;
   }
   return Err(cudaErrorInvalidValue);
