@@ -1,6 +1,7 @@
 #include "layers/deepseek_model.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "kernels/embedding.h"
 #include "kernels/linear.h"
 #include "kernels/rms_norm.h"
@@ -19,9 +20,57 @@ absl::StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::Create(const Model
   if (options.max_tokens < 1 || options.max_seqs < 1) {
     return absl::InvalidArgumentError("max_tokens and max_seqs must be positive");
   }
+  MLAG_RETURN_IF_ERROR(CheckFitsDevice(config, options.weight_format, *device));
   std::unique_ptr<DeepseekModel> model(new DeepseekModel(config, device, options));
   MLAG_RETURN_IF_ERROR(model->Load(source));
   return model;
+}
+
+namespace {
+
+// Parameters of the model's tensors (a double: hostile sizes must not wrap).
+double ParameterCount(const ModelConfig& c) {
+  const double D = c.hidden_size, V = c.vocab_size, H = c.num_attention_heads;
+  const double dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
+  const double rkv = c.kv_lora_rank, ql = c.q_lora_rank;
+  const double q = ql > 0 ? D * ql + ql + ql * H * (dn + dr) : D * H * (dn + dr);
+  const double attention = q + D * (rkv + dr) + rkv + rkv * H * (dn + dv) + H * dv * D + 2 * D;
+  double total = V * D * (c.tie_word_embeddings ? 1 : 2) + D;
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    const double im = c.moe_intermediate_size;
+    total += attention + (c.IsMoeLayer(i) ? (c.n_routed_experts + c.n_shared_experts) * 3 * D * im +
+                                                c.n_routed_experts * (D + 1)
+                                          : 3 * D * c.intermediate_size);
+  }
+  return total;
+}
+
+}  // namespace
+
+absl::Status DeepseekModel::CheckFitsDevice(const ModelConfig& c, WeightFormat format,
+                                            const Device& device) {
+  MLAG_ASSIGN_OR_RETURN(const size_t memory, device.MemoryBytes());
+  const double gb = 1e9;
+  const double rope_bytes = 4.0 * c.max_position_embeddings * c.qk_rope_head_dim;
+  if (rope_bytes > static_cast<double>(memory)) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "config.json: max_position_embeddings %d needs a %.0f GB rope table; %s has %.0f GB",
+        c.max_position_embeddings, rope_bytes / gb, device.name(), memory / gb));
+  }
+  // The least the weights can take: every parameter in the format's dtype,
+  // at one byte each where the checkpoint decides (auto: fp8 at best).
+  const double bytes_per_parameter = format == WeightFormat::kF32    ? 4
+                                     : format == WeightFormat::kBF16 ? 2
+                                                                     : 1;
+  const double weight_bytes = ParameterCount(c) * bytes_per_parameter;
+  if (weight_bytes + rope_bytes > static_cast<double>(memory)) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "config.json: %d layers, hidden_size %d, %d routed experts of width %d and vocab_size %d "
+        "need at least %.1f GB of weights (--weight-dtype %s); %s has %.1f GB",
+        c.num_hidden_layers, c.hidden_size, c.n_routed_experts, c.moe_intermediate_size,
+        c.vocab_size, weight_bytes / gb, WeightFormatName(format), device.name(), memory / gb));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status DeepseekModel::Load(WeightSource& source) {

@@ -39,6 +39,13 @@ struct ModelOptions {
 class DeepseekModel {
  public:
   // Builds the model on `device` and loads every weight from `source`.
+  // ResourceExhausted, naming the config fields, when the model cannot fit
+  // `device` however its weights are held: the rope table, or the weights at
+  // `format`'s bytes per parameter (auto: one byte, the least). Create runs
+  // it before allocating anything.
+  static absl::Status CheckFitsDevice(const ModelConfig& config, WeightFormat format,
+                                      const Device& device);
+
   static absl::StatusOr<std::unique_ptr<DeepseekModel>> Create(const ModelConfig& config,
                                                                Device* device, WeightSource& source,
                                                                const ModelOptions& options);

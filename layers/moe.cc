@@ -96,8 +96,7 @@ absl::StatusOr<Moe::Experts> Moe::AllocateExperts(int64_t slots) const {
   if (slots == 0) {
     // The placeholder slot is never routed to (the map has no entry for it),
     // but keep it deterministic.
-    std::vector<char> zeros(total, 0);
-    MLAG_RETURN_IF_ERROR(device_->CopyFromHost(e.buffer.data(), zeros.data(), total));
+    MLAG_RETURN_IF_ERROR(device_->Zero(e.buffer.data(), total));
   }
   char* base = static_cast<char*>(e.buffer.data());
   const DeviceKind kind = device_->kind();

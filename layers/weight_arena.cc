@@ -105,12 +105,7 @@ absl::StatusOr<LinearWeight> WeightArena::AllocateLinear(std::initializer_list<i
     s.back() = Fp8Blocks(s.back());
     Tensor probe(nullptr, DType::kF32, s);
     MLAG_ASSIGN_OR_RETURN(Buffer buf, device_->Allocate(probe.nbytes()));
-    if (device_->is_cuda()) {
-      const std::vector<char> zeros(probe.nbytes(), 0);
-      MLAG_RETURN_IF_ERROR(device_->CopyFromHost(buf.data(), zeros.data(), zeros.size()));
-    } else if (probe.nbytes() > 0) {
-      std::memset(buf.data(), 0, probe.nbytes());
-    }
+    MLAG_RETURN_IF_ERROR(device_->Zero(buf.data(), probe.nbytes()));
     w.scales = buf.AsTensor(DType::kF32, s);
     bytes_ += buf.bytes();
     bytes_by_dtype_[DType::kF32] += buf.bytes();
@@ -203,14 +198,8 @@ absl::StatusOr<Tensor> WeightArena::AllocateImpl(std::initializer_list<int64_t> 
                                                  bool zero) {
   Tensor probe(nullptr, dtype, shape, device_->kind());
   MLAG_ASSIGN_OR_RETURN(Buffer buf, device_->Allocate(probe.nbytes()));
-  if (!zero) {
-    // Filled by the caller at once.
-  } else if (device_->is_cuda()) {
-    std::vector<char> zeros(probe.nbytes(), 0);
-    MLAG_RETURN_IF_ERROR(device_->CopyFromHost(buf.data(), zeros.data(), zeros.size()));
-  } else if (probe.nbytes() > 0) {
-    std::memset(buf.data(), 0, probe.nbytes());
-  }
+  // (Not zeroed: filled by the caller at once.)
+  if (zero) MLAG_RETURN_IF_ERROR(device_->Zero(buf.data(), probe.nbytes()));
   Tensor t = buf.AsTensor(dtype, shape);
   bytes_ += buf.bytes();
   bytes_by_dtype_[dtype] += buf.bytes();

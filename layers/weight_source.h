@@ -50,6 +50,11 @@ class WeightSource {
   // Names never read so far, sorted: after a model is loaded, anything left is
   // an unexpected tensor (the caller decides which names it may ignore).
   virtual std::vector<std::string> Unread() const = 0;
+
+  // Whether reads refuse NaN and infinite weights (InvalidArgument naming the
+  // tensor and the element). On by default for checkpoints; off skips the
+  // scan for trusted ones. Generated weights are always finite.
+  virtual void SetScanNonFinite(bool scan) { (void)scan; }
 };
 
 }  // namespace mlag

@@ -6,6 +6,7 @@
  * Usage: c_api_test EXPECTED_FILE. Prints "c_api_test: N passed, M failed";
  * exits non-zero when any check failed. */
 /* First, so that this file proves the header compiles alone as C99. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -458,8 +459,17 @@ static void test_request_errors(mlag_engine* engine) {
   CHECK_STATUS(mlag_add_request(engine, prompt, 3, 4, NULL, 0, &p, &id), MLAG_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("top_p");
   mlag_sampling_params_default(&p);
+  p.top_p = 1.5f;
+  CHECK_STATUS(mlag_add_request(engine, prompt, 3, 4, NULL, 0, &p, &id), MLAG_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("top_p");
+  mlag_sampling_params_default(&p);
+  p.temperature = INFINITY;
+  CHECK_STATUS(mlag_add_request(engine, prompt, 3, 4, NULL, 0, &p, &id), MLAG_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("temperature");
+  mlag_sampling_params_default(&p);
   p.logprobs = -1;
   CHECK_STATUS(mlag_add_request(engine, prompt, 3, 4, NULL, 0, &p, &id), MLAG_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("logprobs");
 
   /* Unknown request ids. */
   CHECK_STATUS(mlag_get_output(engine, 987654, NULL, 0, &n, NULL, NULL), MLAG_NOT_FOUND);

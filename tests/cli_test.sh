@@ -31,12 +31,17 @@ expect_usage_error "graph mode" run --model tiny-v3 --graph-mode sometimes
 expect_usage_error "/nonexistent/prompts" run --model tiny-v3 --prompts /nonexistent/prompts
 printf '1 2 3\n4 five 6\n' >"$TMP/bad_prompts"
 expect_usage_error ":2:" run --model tiny-v3 --prompts "$TMP/bad_prompts"
+# A bad word is quoted short and escaped, at its line (blank lines counted).
+printf '1 2\n\n3 \001%s\n' "$(head -c 5000 /dev/zero | tr '\0' x)" >"$TMP/long_prompts"
+expect_usage_error ":3: '\x01xxx" run --model tiny-v3 --prompts "$TMP/long_prompts"
+if [ "$(wc -c <"$TMP/err")" -lt 200 ]; then ok; else bad "prompt error quotes too much: $(wc -c <"$TMP/err") bytes"; fi
+expect_usage_error "no effect with --prompts" run --model tiny-v3 --prompts "$TMP/bad_prompts" --num-requests 3
 printf '1 2 999999\n' >"$TMP/oov_prompts"
 expect_usage_error "vocabulary" run --model tiny-v3 --prompts "$TMP/oov_prompts"
 expect_usage_error "max_model_len" run --model tiny-v3 --prompt-len 250 --max-tokens 10
 expect_usage_error "kv-cache-bytes" run --model tiny-v3 --kv-cache-bytes -5
 expect_usage_error "top-p" run --model tiny-v3 --top-p 1.5
-expect_usage_error "" bogus
+expect_usage_error "unknown subcommand 'bogus'" bogus
 expect_usage_error "" run --model tiny-v3 --no-such-flag
 expect_usage_error "device" run --model tiny-v3 --device tpu
 expect_usage_error "no graph of size" graphs --model tiny-v3 --size 3
@@ -46,6 +51,18 @@ expect_usage_error "needs --ep" run --model tiny-v3 --ep-backend mpi
 expect_usage_error "ep-backend nccl" run --model tiny-v3 --ep 2 --device cuda
 expect_usage_error "ep-backend" run --model tiny-v3 --ep 2 --ep-backend carrier-pigeon
 expect_usage_error "batch-sizes" bench --model tiny-v3 --batch-sizes 0
+# Hostile numbers: refused before any arithmetic or allocation.
+expect_usage_error "--seed" run --model tiny-v3 --seed -1
+expect_usage_error "--seed" run --model tiny-v3 --seed 18446744073709551616
+expect_usage_error "temperature" run --model tiny-v3 --temperature inf
+expect_usage_error "temperature" run --model tiny-v3 --temperature 1e39
+expect_usage_error "context-len" bench --model tiny-v3 --context-len 2147483647
+expect_usage_error "largest batch" bench --model tiny-v3 --batch-sizes 1000000
+expect_usage_error "never happened" run --model tiny-v3 --ep 2 --reconfigure-at 500:1 --num-requests 2 --max-tokens 2
+expect_usage_error "num-requests" run --model tiny-v3 --num-requests 1000000000
+expect_usage_error "prompt-len" run --model tiny-v3 --prompt-len 2000000000
+expect_usage_error "kv_cache_bytes" run --model tiny-v3 --kv-cache-bytes 100000000000000
+expect_usage_error "/nonexistent/g.dot" graphs --model tiny-v3 --size 2 --max-num-seqs 2 --dot /nonexistent/g.dot
 
 # JSON output parses and has the documented fields.
 common=(--model tiny-v3 --num-requests 6 --prompt-len 11 --shared-prefix-len 4 --max-tokens 5 --seed 3 --json)
@@ -105,6 +122,80 @@ if "$MLAG" info --model "$TMP/fp8" | grep -q "fp8 [0-9.]* MiB"; then ok; else ba
 if "$MLAG" info --model tiny-v3 --weight-dtype bf16 | grep -q "bf16 [0-9.]* MiB"; then ok; else bad "info --weight-dtype bf16"; fi
 if "$MLAG" graphs --model tiny-v3 --size 2 --max-num-seqs 2 --weight-dtype fp8 >/dev/null; then ok; else bad "graphs --weight-dtype"; fi
 expect_usage_error "weight-dtype" run --model tiny-v3 --weight-dtype int4
+
+# Output that cannot be written is an error (a full disk).
+if [ -w /dev/full ]; then
+  for cmd in "run --model tiny-v3 --num-requests 1 --max-tokens 2 --json" "info --model tiny-v3"; do
+    # shellcheck disable=SC2086
+    "$MLAG" $cmd >/dev/full 2>"$TMP/err"
+    rc=$?
+    if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q "writing standard output" "$TMP/err"; then
+      ok
+    else
+      bad "mlag $cmd into /dev/full: exit $rc, $(cat "$TMP/err")"
+    fi
+  done
+fi
+
+# Hostile checkpoints: a FIFO or a device in place of a file, non-finite
+# weights, absurd config sizes. Each a one-line named error, at once.
+"$MLAG" export --model tiny-v3 --out "$TMP/ck" >/dev/null
+mkdir -p "$TMP/fifo" && cp "$TMP/ck/config.json" "$TMP/fifo/" && mkfifo "$TMP/fifo/model.safetensors"
+expect_usage_error "FIFO" info --model "$TMP/fifo"
+mkdir -p "$TMP/dev" && cp "$TMP/ck/config.json" "$TMP/dev/" && ln -s /dev/zero "$TMP/dev/model.safetensors"
+expect_usage_error "device" info --model "$TMP/dev"
+if command -v python3 >/dev/null 2>&1; then
+  # config.json with one field replaced: config_with DIR FIELD VALUE
+  config_with() {
+    mkdir -p "$1" && cp "$TMP/ck/model.safetensors" "$1/"
+    python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); c[sys.argv[2]]=json.loads(sys.argv[3]); json.dump(c,open(sys.argv[4],"w"))' \
+      "$TMP/ck/config.json" "$2" "$3" "$1/config.json"
+  }
+  config_with "$TMP/c1" v_head_dim 2147483000
+  expect_usage_error "plausible maximum" info --model "$TMP/c1"
+  config_with "$TMP/c2" max_position_embeddings 1000000000
+  expect_usage_error "rope table" info --model "$TMP/c2"
+  config_with "$TMP/c3" rms_norm_eps 1e39
+  expect_usage_error "rms_norm_eps" info --model "$TMP/c3"
+  config_with "$TMP/c4" n_routed_experts 1000000000
+  expect_usage_error "n_routed_experts" info --model "$TMP/c4"
+  # An allocation that fails (a 3.2 GB rope table under a 2 GB address-space
+  # limit) is a named error, not an abort. Not under AddressSanitizer, whose
+  # shadow memory needs the address space.
+  if ! ldd "$MLAG" 2>/dev/null | grep -q libasan; then
+    config_with "$TMP/c5" max_position_embeddings 50000000
+    (ulimit -v 2000000; "$MLAG" info --model "$TMP/c5" >/dev/null 2>"$TMP/err")
+    rc=$?
+    if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q "out of memory" "$TMP/err"; then
+      ok
+    else
+      bad "a failed allocation: exit $rc, $(cat "$TMP/err")"
+    fi
+  fi
+  # An infinite weight (bf16 0x7f80) in an expert: refused naming the tensor,
+  # accepted with --trust-weights.
+  cp -r "$TMP/ck" "$TMP/inf"
+  python3 - "$TMP/inf/model.safetensors" <<'PY'
+import json, struct, sys
+with open(sys.argv[1], "r+b") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    t = json.loads(f.read(n))["model.layers.1.mlp.experts.3.down_proj.weight"]
+    assert t["dtype"] == "BF16", t
+    f.seek(8 + n + t["data_offsets"][0] + 8)
+    f.write(struct.pack("<H", 0x7f80))
+PY
+  expect_usage_error "model.layers.1.mlp.experts.3.down_proj.weight" run --model "$TMP/inf" --num-requests 1 --max-tokens 2
+  if "$MLAG" run --model "$TMP/inf" --num-requests 1 --max-tokens 2 --trust-weights >/dev/null 2>&1; then ok; else bad "--trust-weights"; fi
+  # A failed export into an existing checkpoint leaves it as it was.
+  before=$(cat "$TMP/ck/config.json" "$TMP/ck/model.safetensors" | md5sum)
+  "$MLAG" export --model "$TMP/inf" --weight-dtype f32 --out "$TMP/ck" >/dev/null 2>&1
+  if [ $? -eq 2 ] && [ "$(cat "$TMP/ck/config.json" "$TMP/ck/model.safetensors" | md5sum)" = "$before" ] &&
+     [ -z "$(ls "$TMP/ck" | grep -v '^config.json$' | grep -v '^model.safetensors$')" ]; then
+    ok
+  else
+    bad "a failed export changed the checkpoint: $(ls "$TMP/ck")"
+  fi
+fi
 
 # mlag graphs lists kv_update immediately followed by mla.
 "$MLAG" graphs --model tiny-v3 --size 8 --max-num-seqs 8 --dot "$TMP/g.dot" >"$TMP/graphs.txt"

@@ -28,8 +28,9 @@ struct BenchReport {
   std::vector<GemmCost> gemm_cost;
   std::string device_name;
   bool is_cuda = false;
-  BandwidthMeasurement bandwidth;
-  double bandwidth_gib = 0;  // the measurement's buffer
+  BandwidthMeasurement bandwidth;                       // the better of the two measurements
+  std::vector<double> bandwidth_runs_bytes_per_second;  // before and after the decode timings
+  double bandwidth_gib = 0;                             // the measurement's buffer
   std::string model;
   ModelConfig config;
   size_t weight_bytes = 0;

@@ -1,6 +1,9 @@
 #include "examples/mlag/cli.h"
 
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -35,6 +38,37 @@ CLI::Validator AtLeast(double min) {
       absl::StrCat(">=", min));
 }
 
+CLI::Validator FiniteAtLeast(double min) {
+  return CLI::Validator(
+      [min](std::string& value) -> std::string {
+        double v = 0;
+        // Finite as the float the option is stored in, too (1e39 is not).
+        if (!CLI::detail::lexical_cast(value, v) || !std::isfinite(v) ||
+            !std::isfinite(static_cast<float>(v)) || !(v >= min)) {
+          return absl::StrCat("value ", value, " must be a finite number >= ", min);
+        }
+        return "";
+      },
+      absl::StrCat("finite >=", min));
+}
+
+CLI::Validator Uint64() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        // strtoull accepts a sign and wraps negatives; a seed is digits only.
+        const bool digits = !value.empty() && value.size() <= 20 &&
+                            value.find_first_not_of("0123456789") == std::string::npos;
+        errno = 0;
+        if (digits) (void)std::strtoull(value.c_str(), nullptr, 10);
+        if (!digits || errno == ERANGE) {
+          return absl::StrCat("value ", value.substr(0, 40),
+                              " must be an integer in [0, 2^64 - 1]");
+        }
+        return "";
+      },
+      "UINT64");
+}
+
 CLI::Validator UnitInterval() {
   return CLI::Validator(
       [](std::string& value) -> std::string {
@@ -63,6 +97,8 @@ void EngineFlags::Register(CLI::App* app) {
   app->add_option("--kv-cache-dtype", kv_cache_dtype,
                   "auto (f32, the activations' dtype, on every device), f32 or bf16");
   AddWeightDtype(app, &weight_dtype);
+  app->add_flag("--trust-weights", trust_weights,
+                "skip the load-time scan that refuses NaN and infinite weights");
 }
 
 void AddWeightDtype(CLI::App* app, std::string* weight_dtype) {
@@ -85,6 +121,7 @@ absl::StatusOr<EngineOptions> EngineFlags::ToOptions() const {
   o.enable_prefix_caching = !no_prefix_caching;
   o.kv_cache_dtype = kv_cache_dtype;
   o.weight_dtype = weight_dtype;
+  o.trust_weights = trust_weights;
   return o;
 }
 

@@ -28,7 +28,11 @@ std::string ModelHelp();
 // Flag validators, so that a value out of range fails while parsing with
 // CLI11's one-line message naming the flag.
 CLI::Validator AtLeast(double min);  // [min, inf)
-CLI::Validator UnitInterval();       // (0, 1]
+CLI::Validator UnitInterval();
+// A finite number >= min, finite as a float too (temperatures).
+CLI::Validator FiniteAtLeast(double min);
+// An unsigned decimal integer that fits uint64 (seeds): no sign, no wrap.
+CLI::Validator Uint64();  // (0, 1]
 // --weight-dtype (auto, f32, bf16 or fp8) into `weight_dtype`.
 void AddWeightDtype(CLI::App* app, std::string* weight_dtype);
 
@@ -45,6 +49,7 @@ struct EngineFlags {
   bool no_prefix_caching = false;
   std::string kv_cache_dtype = "auto";
   std::string weight_dtype = "auto";
+  bool trust_weights = false;
 
   void Register(CLI::App* app);
   // The engine options; the values were range-checked while parsing, the

@@ -8,7 +8,12 @@
 //
 // Every error from a flag, a file or a model is one line on stderr naming
 // the problem, with exit code 2.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <string>
 #include <vector>
 
 #include "examples/mlag/cli.h"
@@ -27,12 +32,40 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
+  } catch (const CLI::RequiredError& e) {
+    // An unknown subcommand leaves no subcommand parsed: name what was given.
+    if (!app.remaining().empty() && app.get_subcommands().empty()) {
+      std::fprintf(stderr,
+                   "mlag: error: unknown subcommand '%s' (expected run, graphs, bench, "
+                   "export or info)\n",
+                   app.remaining().front().c_str());
+    } else {
+      std::fprintf(stderr, "mlag: error: %s\n", e.what());
+    }
+    return mlag::cli::kExitUsage;
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "mlag: error: %s\n", e.what());
     return mlag::cli::kExitUsage;
   }
-  for (const mlag::cli::Command& c : commands) {
-    if (c.app->parsed()) return c.run();
+  int rc = 0;
+  try {
+    for (const mlag::cli::Command& c : commands) {
+      if (c.app->parsed()) rc = c.run();
+    }
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "mlag: error: out of memory (an allocation failed)\n");
+    return mlag::cli::kExitUsage;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mlag: error: %s\n", e.what());
+    return mlag::cli::kExitUsage;
   }
-  return 0;
+  // Output that never reached its file (a full disk, a closed pipe) is an
+  // error, not a success.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    const int err = errno;
+    std::fprintf(stderr, "mlag: error: writing standard output: %s\n",
+                 err != 0 ? std::strerror(err) : "write error");
+    return mlag::cli::kExitUsage;
+  }
+  return rc;
 }

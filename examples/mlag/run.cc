@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -53,6 +54,12 @@ struct RunFlags {
   std::vector<std::string> ep_faults;  // testing aid: fail:RANK:STEP or hang:RANK:STEP:SECONDS
 };
 
+// The most requests one run makes or reads (every one is held in memory).
+constexpr int kMaxRequests = 1 << 20;
+
+// Bytes of a bad word an error message quotes.
+constexpr size_t kMaxQuotedBytes = 40;
+
 absl::StatusOr<std::vector<std::vector<int32_t>>> ReadPromptsFile(const std::string& path) {
   MLAG_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
   std::vector<std::vector<int32_t>> prompts;
@@ -64,8 +71,12 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> ReadPromptsFile(const std::str
          absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty())) {
       int32_t id;
       if (!absl::SimpleAtoi(word, &id)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(path, ":", line_no, ": '", word, "' is not a token id"));
+        // At most 40 bytes of the word, control characters escaped: the
+        // message stays one readable line whatever the file holds.
+        const bool cut = word.size() > kMaxQuotedBytes;
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ":", line_no, ": '", absl::CHexEscape(word.substr(0, kMaxQuotedBytes)),
+            cut ? "...'" : "'", " is not a token id"));
       }
       ids.push_back(id);
     }
@@ -210,6 +221,14 @@ int Run(const RunFlags& f) {
       }
     }
   }
+  if (!f.prompts_file.empty()) {
+    for (const char* flag : {"--num-requests", "--prompt-len", "--shared-prefix-len"}) {
+      if (f.given(flag)) {
+        return Fail(absl::InvalidArgumentError(
+            absl::StrCat(flag, " has no effect with --prompts (the file gives the prompts)")));
+      }
+    }
+  }
   std::vector<std::vector<int32_t>> prompts;
   if (!f.prompts_file.empty()) {
     absl::StatusOr<std::vector<std::vector<int32_t>>> read = ReadPromptsFile(f.prompts_file);
@@ -218,6 +237,14 @@ int Run(const RunFlags& f) {
   } else {
     absl::StatusOr<ModelSource> source = OpenModel(options->model);
     if (!source.ok()) return Fail(source.status());
+    // Checked before the prompts are made: a prompt longer than any sequence
+    // the model takes would only be refused after generating all of them.
+    const int max_len = source->config.max_position_embeddings;
+    if (f.prompt_len >= max_len) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "--prompt-len ", f.prompt_len, " leaves no room to generate within the model's ",
+          "max_position_embeddings ", max_len)));
+    }
     prompts = SyntheticPrompts(f, source->config.vocab_size);
   }
   std::vector<RequestSpec> specs;
@@ -247,17 +274,19 @@ Command AddRunCommand(CLI::App& app) {
   auto f = std::make_shared<RunFlags>();
   CLI::App* run = app.add_subcommand("run", "serve a batch of requests and print the outputs");
   f->engine.Register(run);
-  run->add_option("--num-requests", f->num_requests, "synthetic requests")->check(AtLeast(1));
+  run->add_option("--num-requests", f->num_requests, "synthetic requests")
+      ->check(CLI::Range(1, kMaxRequests));
   run->add_option("--prompt-len", f->prompt_len, "tokens per synthetic prompt")->check(AtLeast(1));
   run->add_option("--shared-prefix-len", f->shared_prefix_len,
                   "leading tokens shared by every synthetic prompt")
       ->check(AtLeast(0));
-  run->add_option("--seed", f->seed, "seed of the synthetic prompts and of sampling");
+  run->add_option("--seed", f->seed, "seed of the synthetic prompts and of sampling")
+      ->check(Uint64());
   run->add_option("--prompts", f->prompts_file,
                   "file with one request per line: token ids separated by spaces");
   run->add_option("--max-tokens", f->max_tokens, "tokens to generate per request")
       ->check(AtLeast(1));
-  run->add_option("--temperature", f->temperature, "0 = greedy")->check(AtLeast(0));
+  run->add_option("--temperature", f->temperature, "0 = greedy")->check(FiniteAtLeast(0));
   run->add_option("--top-k", f->top_k, "0 = off")->check(AtLeast(0));
   run->add_option("--top-p", f->top_p, "1 = off")->check(UnitInterval());
   run->add_option("--logprobs", f->logprobs, "top-K log-probabilities per token (JSON)")

@@ -45,8 +45,12 @@ using AccumulateFn = void (*)(int64_t, int64_t, int64_t, const float*, int64_t, 
 // vector; fp8 needs temporaries for its conversion, so 5 x 4; 4 x 4
 // accumulators for GemmNNAccumulate), AVX2 and SSE2 16.
 #if defined(__x86_64__) || defined(__i386__)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,fma"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,fma")
+#endif
 namespace avx512 {
 constexpr int kLanes = 16;
 constexpr bool kFma = true;
@@ -61,10 +65,18 @@ __attribute__((always_inline)) inline Vec<int32_t, 16>::type WidenBytes(const ui
 }
 #include "kernels/host/gemm_kernel.inc"
 }  // namespace avx512
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#endif
 namespace avx2 {
 constexpr int kLanes = 8;
 constexpr bool kFma = true;
@@ -76,7 +88,11 @@ __attribute__((always_inline)) inline Vec<int32_t, 8>::type WidenBytes(const uin
 }
 #include "kernels/host/gemm_kernel.inc"
 }  // namespace avx2
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 #endif
 
 // Baseline x86-64 (SSE2), or any other architecture's default vector unit.

@@ -102,14 +102,18 @@ typedef struct mlag_engine_options {
   const char* weight_dtype;
 } mlag_engine_options;
 
-/* Sampling of one request. Greedy when temperature <= 0. */
+/* Sampling of one request. Greedy when temperature <= 0. A request whose
+ * parameters are out of range (a non-finite temperature, top_p outside
+ * (0, 1], logprobs outside [0, vocab_size]) is refused with
+ * MLAG_INVALID_ARGUMENT naming the field, as are prompt ids outside the
+ * vocabulary and a prompt plus max_tokens beyond the engine's max_model_len. */
 typedef struct mlag_sampling_params {
   size_t struct_size; /* sizeof(mlag_sampling_params) */
-  float temperature;  /* <= 0: greedy */
+  float temperature;  /* finite; <= 0: greedy */
   int top_k;          /* <= 0: no top-k cut */
   float top_p;        /* in (0, 1]; 1: no top-p cut */
   uint64_t seed;      /* per-request RNG seed; 0: the engine's seed */
-  int logprobs;       /* top-K log-probabilities to keep per generated token; 0: none */
+  int logprobs; /* top-K log-probabilities to keep per generated token, in [0, vocab]; 0: none */
 } mlag_sampling_params;
 
 typedef struct mlag_engine_stats {

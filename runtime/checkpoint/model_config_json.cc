@@ -22,6 +22,22 @@ namespace {
 
 using json = nlohmann::json;
 
+// Plausible maxima of config.json's sizes. DeepSeek-V3 (vocab 129280,
+// hidden 7168, 61 layers, 128 heads, 256 experts of width 2048, 163840
+// positions) is far inside every one; products of these stay well inside
+// int64, so the byte counts built from them cannot overflow.
+constexpr int kMaxVocabSize = 1 << 22;
+constexpr int kMaxHiddenSize = 1 << 16;
+constexpr int kMaxIntermediateSize = 1 << 20;
+constexpr int kMaxLayers = 1 << 10;
+constexpr int kMaxHeads = 1 << 10;
+constexpr int kMaxLoraRank = 1 << 16;
+constexpr int kMaxHeadDim = 1 << 12;
+constexpr int kMaxPositions = 1 << 30;  // memory bounds it first (the rope table)
+constexpr int kMaxExperts = 1 << 16;
+constexpr int kMaxSharedExperts = 1 << 10;
+constexpr int kMaxExpertsPerToken = 1 << 10;
+
 // A JSON value in messages: its type and (shortened) text.
 std::string Describe(const json& v) {
   std::string text = v.dump();
@@ -98,12 +114,18 @@ class Fields {
     const json* v = Get(name);
     if (v == nullptr) return required ? Error(name, "missing (required)") : absl::OkStatus();
     if (!v->is_number()) return Error(name, absl::StrCat("expected a number, got ", Describe(*v)));
-    *out = v->get<double>();
+    const double d = v->get<double>();
+    if (!std::isfinite(d)) return Error(name, absl::StrCat("value ", v->dump(), " is not finite"));
+    *out = d;
     return absl::OkStatus();
   }
+  // A double field the model uses as a float: finite as a float too.
   absl::Status Float(absl::string_view name, float* out) const {
     double d = *out;
     MLAG_RETURN_IF_ERROR(Double(name, &d));
+    if (!std::isfinite(static_cast<float>(d))) {
+      return Error(name, absl::StrCat("value ", d, " is not finite as a float"));
+    }
     *out = static_cast<float>(d);
     return absl::OkStatus();
   }
@@ -491,6 +513,40 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
                             Positive{"n_shared_experts", c.n_shared_experts},
                             Positive{"first_k_dense_replace", c.first_k_dense_replace}}) {
     if (p.value < 0) return f.Error(p.name, absl::StrCat("must not be negative, got ", p.value));
+  }
+  // Plausible ranges, checked before any arithmetic on the sizes (the
+  // largest released models are far inside them): a hostile or mistyped
+  // config gets a named error rather than an overflow or a huge allocation.
+  struct Bounded {
+    const char* name;
+    int value;
+    int max;
+  };
+  for (const Bounded& b : {
+           Bounded{"vocab_size", c.vocab_size, kMaxVocabSize},
+           Bounded{"hidden_size", c.hidden_size, kMaxHiddenSize},
+           Bounded{"intermediate_size", c.intermediate_size, kMaxIntermediateSize},
+           Bounded{"moe_intermediate_size", c.moe_intermediate_size, kMaxIntermediateSize},
+           Bounded{"num_hidden_layers", c.num_hidden_layers, kMaxLayers},
+           Bounded{"num_attention_heads", c.num_attention_heads, kMaxHeads},
+           Bounded{"q_lora_rank", c.q_lora_rank, kMaxLoraRank},
+           Bounded{"kv_lora_rank", c.kv_lora_rank, kMaxLoraRank},
+           Bounded{"qk_nope_head_dim", c.qk_nope_head_dim, kMaxHeadDim},
+           Bounded{"qk_rope_head_dim", c.qk_rope_head_dim, kMaxHeadDim},
+           Bounded{"v_head_dim", c.v_head_dim, kMaxHeadDim},
+           Bounded{"max_position_embeddings", c.max_position_embeddings, kMaxPositions},
+           Bounded{"n_routed_experts", c.n_routed_experts, kMaxExperts},
+           Bounded{"n_shared_experts", c.n_shared_experts, kMaxSharedExperts},
+           Bounded{"num_experts_per_tok", c.num_experts_per_tok, kMaxExpertsPerToken},
+           Bounded{"n_group", c.n_group, kMaxExperts},
+           Bounded{"topk_group", c.topk_group, kMaxExperts},
+           Bounded{"first_k_dense_replace", c.first_k_dense_replace, kMaxLayers},
+           Bounded{"moe_layer_freq", c.moe_layer_freq, kMaxLayers},
+       }) {
+    if (b.value > b.max) {
+      return f.Error(b.name,
+                     absl::StrCat("value ", b.value, " exceeds the plausible maximum ", b.max));
+    }
   }
   if (c.qk_rope_head_dim % 2 != 0) {
     return f.Error("qk_rope_head_dim",

@@ -1,9 +1,11 @@
 #include "runtime/checkpoint/model_loader.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/match.h"
@@ -119,7 +121,52 @@ absl::Status CheckpointWeights::ReadStored(absl::string_view name, absl::Span<co
         absl::StrCat("tensor '", name, "' is not stored in bf16 or fp8"));
   }
   if (t->nbytes > 0) std::memcpy(dst, t->data, t->nbytes);
-  return t->dtype == DType::kF8E4M3 ? ReadScales(*t, block_scales) : absl::OkStatus();
+  if (t->dtype == DType::kBF16) {
+    return CheckFiniteBf16(*t, static_cast<const uint16_t*>(dst), static_cast<size_t>(t->numel()));
+  }
+  return ReadScales(*t, block_scales);  // fp8: NaN codes are checked by the loader
+}
+
+namespace {
+
+// The first index of a NaN or infinity among n values whose exponent field
+// is `exp_mask` of their bits, or n. The common case (none) is one pass of
+// OR-reductions the compiler vectorises.
+template <typename Bits>
+size_t FirstNonFinite(const Bits* bits, size_t n, Bits exp_mask) {
+  constexpr size_t kChunk = 4096;
+  for (size_t i0 = 0; i0 < n; i0 += kChunk) {
+    const size_t i1 = std::min(n, i0 + kChunk);
+    bool any = false;
+    for (size_t i = i0; i < i1; ++i) any |= (bits[i] & exp_mask) == exp_mask;
+    if (!any) continue;
+    for (size_t i = i0; i < i1; ++i) {
+      if ((bits[i] & exp_mask) == exp_mask) return i;
+    }
+  }
+  return n;
+}
+
+}  // namespace
+
+absl::Status CheckpointWeights::CheckFinite(const SafetensorsTensor& t, const float* data,
+                                            size_t n) const {
+  if (!scan_non_finite_) return absl::OkStatus();
+  const size_t i = FirstNonFinite(reinterpret_cast<const uint32_t*>(data), n, 0x7f800000u);
+  if (i == n) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("tensor '", t.name, "' in ", t.file, ": element ", i, " is ", data[i],
+                   " (weights must be finite; --trust-weights skips this check)"));
+}
+
+absl::Status CheckpointWeights::CheckFiniteBf16(const SafetensorsTensor& t, const uint16_t* bits,
+                                                size_t n) const {
+  if (!scan_non_finite_) return absl::OkStatus();
+  const size_t i = FirstNonFinite(bits, n, static_cast<uint16_t>(0x7f80u));
+  if (i == n) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("tensor '", t.name, "' in ", t.file, ": element ", i, " is ", Bf16ToF32(bits[i]),
+                   " (weights must be finite; --trust-weights skips this check)"));
 }
 
 absl::Status CheckpointWeights::ReadF32(absl::string_view name, absl::Span<const int64_t> shape,
@@ -128,7 +175,7 @@ absl::Status CheckpointWeights::ReadF32(absl::string_view name, absl::Span<const
   const size_t n = static_cast<size_t>(t->numel());
   if (t->dtype == DType::kF32) {
     if (n > 0) std::memcpy(dst, t->data, n * sizeof(float));
-    return absl::OkStatus();
+    return CheckFinite(*t, dst, n);
   }
   if (t->dtype == DType::kF8E4M3) {
     std::vector<float> scales(static_cast<size_t>(Fp8Blocks(t->shape[0]) * Fp8Blocks(t->shape[1])));
@@ -154,7 +201,7 @@ absl::Status CheckpointWeights::ReadF32(absl::string_view name, absl::Span<const
     std::memcpy(buf, src + i * 2, m * 2);
     ConvertToF32(t->dtype, buf, dst + i, m);
   }
-  return absl::OkStatus();
+  return CheckFinite(*t, dst, n);  // f16 and bf16 infinities and NaNs stay so in f32
 }
 
 absl::StatusOr<ModelSource> OpenModel(const std::string& name_or_dir) {
@@ -218,8 +265,6 @@ absl::Status ExportModel(const ModelConfig& config, WeightSource& weights, const
   const bool fp8 = dtype == DType::kF8E4M3;
   ModelConfig out_config = config;
   out_config.fp8_block_quantized = fp8;
-  MLAG_RETURN_IF_ERROR(
-      WriteFileAtomically(dir + "/config.json", {ModelConfigToJson(out_config).dump(2) + "\n"}));
   SafetensorsWriter writer;
   std::vector<float> f32;
   std::vector<uint8_t> stored;
@@ -262,7 +307,27 @@ absl::Status ExportModel(const ModelConfig& config, WeightSource& weights, const
     ConvertFromF32(f32.data(), d, stored.data(), static_cast<size_t>(n));
     MLAG_RETURN_IF_ERROR(writer.Add(spec.name, d, spec.shape, stored.data()));
   }
-  return writer.Write(dir + "/model.safetensors");
+  // Both files complete under temporary names in `dir` before either
+  // replaces anything, then renamed into place, weights first: a failure
+  // (a bad source tensor, a full disk) leaves an existing checkpoint as it
+  // was, and no reader sees a new config beside old weights.
+  const std::string weights_path = dir + "/model.safetensors";
+  const std::string config_path = dir + "/config.json";
+  const std::string suffix = absl::StrCat(".export.", ::getpid());
+  const std::string weights_tmp = weights_path + suffix, config_tmp = config_path + suffix;
+  absl::Status written = writer.Write(weights_tmp);
+  if (written.ok()) {
+    written = WriteFileAtomically(config_tmp, {ModelConfigToJson(out_config).dump(2) + "\n"});
+  }
+  if (written.ok() && std::rename(weights_tmp.c_str(), weights_path.c_str()) != 0) {
+    written = ErrnoStatus(errno, "cannot rename into place", weights_path);
+  }
+  if (written.ok() && std::rename(config_tmp.c_str(), config_path.c_str()) != 0) {
+    written = ErrnoStatus(errno, "cannot rename into place", config_path);
+  }
+  std::remove(weights_tmp.c_str());  // no-ops once renamed
+  std::remove(config_tmp.c_str());
+  return written;
 }
 
 }  // namespace mlag

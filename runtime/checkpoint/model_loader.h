@@ -30,6 +30,7 @@ class CheckpointWeights final : public WeightSource {
                           float* block_scales) override;
   bool Has(absl::string_view name) const override;
   std::vector<std::string> Unread() const override;
+  void SetScanNonFinite(bool scan) override { scan_non_finite_ = scan; }
 
  private:
   // The tensor `name` with shape `shape`, marked read; errors name both.
@@ -39,9 +40,15 @@ class CheckpointWeights final : public WeightSource {
   // ([Fp8Blocks(rows), Fp8Blocks(cols)]), marked read.
   absl::Status ReadScales(const SafetensorsTensor& t, float* block_scales);
 
+  // InvalidArgument naming tensor `t` and the first NaN or infinity among
+  // the n floats (f32 values) or bf16 values (bits) at `data`, when scanning.
+  absl::Status CheckFinite(const SafetensorsTensor& t, const float* data, size_t n) const;
+  absl::Status CheckFiniteBf16(const SafetensorsTensor& t, const uint16_t* bits, size_t n) const;
+
   std::unique_ptr<Checkpoint> checkpoint_;
   std::string dir_;
   absl::flat_hash_set<std::string> read_;
+  bool scan_non_finite_ = true;
 };
 
 // A model's config and where its weights come from.

@@ -92,19 +92,8 @@ SafetensorsFile::~SafetensorsFile() {
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, "cannot open safetensors file", path);
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int e = errno;
-    ::close(fd);
-    return ErrnoStatus(e, "cannot stat", path);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
-  }
-  const size_t size = static_cast<size_t>(st.st_size);
+  size_t size = 0;
+  MLAG_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path, &size));
   if (size == 0) {
     ::close(fd);
     return absl::DataLossError(absl::StrCat(path, ": empty file, not a safetensors file"));

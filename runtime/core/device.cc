@@ -1,6 +1,7 @@
 #include "runtime/core/device.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -154,6 +155,22 @@ absl::StatusOr<std::unique_ptr<Device>> Device::Create(absl::string_view spec) {
   return device;
 }
 
+absl::StatusOr<size_t> Device::MemoryBytes() const {
+  if (kind_ == DeviceKind::kHost) {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || page <= 0) return absl::InternalError("sysconf: physical memory unknown");
+    return static_cast<size_t>(pages) * static_cast<size_t>(page);
+  }
+#if MLAG_HAVE_CUDA
+  MLAG_RETURN_IF_ERROR(MakeCurrent());
+  size_t free_bytes = 0, total_bytes = 0;
+  MLAG_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return total_bytes;
+#else
+  return absl::InternalError("CUDA is not built in");
+#endif
+}
+
 absl::Status Device::MakeCurrent() const {
 #if MLAG_HAVE_CUDA
   if (kind_ == DeviceKind::kCuda) MLAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(index_));
@@ -236,6 +253,23 @@ absl::Status Device::CopyToHost(void* host_dst, const void* device_src, size_t b
   return absl::OkStatus();
 #else
   return absl::FailedPreconditionError("CUDA copy in a build without CUDA");
+#endif
+}
+
+absl::Status Device::Zero(void* device_dst, size_t bytes) const {
+  if (bytes == 0) return absl::OkStatus();
+  if (kind_ == DeviceKind::kHost) {
+    std::memset(device_dst, 0, bytes);
+    return absl::OkStatus();
+  }
+#if MLAG_HAVE_CUDA
+  MLAG_RETURN_IF_ERROR(MakeCurrent());
+  MLAG_CUDA_RETURN_IF_ERROR(cudaMemset(device_dst, 0, bytes));
+  // As CopyFromHost: streams launched after this call see the zeros.
+  MLAG_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  return absl::OkStatus();
+#else
+  return absl::FailedPreconditionError("CUDA memset in a build without CUDA");
 #endif
 }
 

@@ -70,6 +70,10 @@ class Device {
   // Why this device was chosen, e.g. "auto: no CUDA device (...), using host".
   const std::string& selection_reason() const { return selection_reason_; }
 
+  // The device's memory in bytes: physical memory on the host, the GPU's
+  // total memory on CUDA. For plausibility checks before large allocations.
+  absl::StatusOr<size_t> MemoryBytes() const;
+
   // Allocates `bytes` (64-byte aligned on the host). Zero bytes gives an empty
   // buffer. Fails with FailedPrecondition during a graph capture on this device.
   absl::StatusOr<Buffer> Allocate(size_t bytes);
@@ -85,6 +89,9 @@ class Device {
   // stream (Stream::CopyFromHost / CopyToHost) from pinned memory.
   absl::Status CopyToHost(void* host_dst, const void* device_src, size_t bytes) const;
   absl::Status CopyFromHost(void* device_dst, const void* host_src, size_t bytes) const;
+  // Zero-fills `bytes` of this device's memory, synchronously like the copies
+  // above, without a host buffer of that size.
+  absl::Status Zero(void* device_dst, size_t bytes) const;
   // Makes this device current for the calling thread (CUDA); no-op on host.
   absl::Status MakeCurrent() const;
 

@@ -1,19 +1,17 @@
 #include "runtime/core/file.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/core/status.h"
 
 namespace mlag {
-
-namespace fs = std::filesystem;
 
 absl::Status ErrnoStatus(int error_number, absl::string_view what, absl::string_view path) {
   std::string message = absl::StrCat(path, ": ", what, ": ", std::strerror(error_number));
@@ -23,32 +21,57 @@ absl::Status ErrnoStatus(int error_number, absl::string_view what, absl::string_
   return absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code, message);
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path, size_t max_bytes) {
-  std::error_code ec;
-  const fs::file_status st = fs::status(path, ec);
-  if (ec) return ErrnoStatus(ec.value(), "cannot open", path);
-  if (!fs::is_regular_file(st)) {
-    const char* kind = fs::is_directory(st)                                 ? "a directory"
-                       : fs::is_fifo(st)                                    ? "a FIFO"
-                       : fs::is_socket(st)                                  ? "a socket"
-                       : fs::is_block_file(st) || fs::is_character_file(st) ? "a device"
-                                                                            : "not a regular file";
+absl::StatusOr<int> OpenRegularFile(const std::string& path, size_t* size) {
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer
+  // for ever. The type is then checked on the open descriptor itself, so the
+  // file cannot be swapped between the check and the read.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return ErrnoStatus(errno, "cannot open", path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return ErrnoStatus(e, "cannot stat", path);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    const char* kind = S_ISDIR(st.st_mode)                          ? "a directory"
+                       : S_ISFIFO(st.st_mode)                       ? "a FIFO"
+                       : S_ISSOCK(st.st_mode)                       ? "a socket"
+                       : S_ISBLK(st.st_mode) || S_ISCHR(st.st_mode) ? "a device"
+                                                                    : "not a regular file";
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": is ", kind, "; expected a regular file"));
   }
-  const uintmax_t size = fs::file_size(path, ec);
-  if (ec) return ErrnoStatus(ec.value(), "cannot stat", path);
+  // Regular files never block; reads go back to blocking mode regardless.
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) (void)::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  *size = static_cast<size_t>(st.st_size);
+  return fd;
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, size_t max_bytes) {
+  size_t size = 0;
+  MLAG_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path, &size));
   if (size > max_bytes) {
+    ::close(fd);
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": ", size, " bytes, more than the ", max_bytes, " this file may have"));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return ErrnoStatus(errno, "cannot open", path);
-  std::string text(static_cast<size_t>(size), '\0');
-  in.read(text.data(), static_cast<std::streamsize>(size));
-  if (static_cast<uintmax_t>(in.gcount()) != size) {
-    return absl::DataLossError(absl::StrCat(path, ": read ", in.gcount(), " of ", size, " bytes"));
+  std::string text(size, '\0');
+  size_t got = 0;
+  while (got < size) {
+    const ssize_t n = ::read(fd, text.data() + got, size - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int e = errno;
+      ::close(fd);
+      if (n < 0) return ErrnoStatus(e, "cannot read", path);
+      return absl::DataLossError(absl::StrCat(path, ": read ", got, " of ", size, " bytes"));
+    }
+    got += static_cast<size_t>(n);
   }
+  ::close(fd);
   return text;
 }
 

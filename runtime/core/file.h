@@ -23,6 +23,11 @@ inline constexpr size_t kDefaultMaxFileBytes = size_t{256} << 20;
 absl::StatusOr<std::string> ReadFile(const std::string& path,
                                      size_t max_bytes = kDefaultMaxFileBytes);
 
+// Opens `path` for reading if it is a regular file, without blocking on a
+// FIFO: the descriptor (the caller closes it) and the file's size in
+// `size`. Errors as ReadFile's.
+absl::StatusOr<int> OpenRegularFile(const std::string& path, size_t* size);
+
 // Writes the concatenation of `pieces` to `path` through a temporary file in
 // the same directory and a rename, so a reader never sees a half-written
 // file and one that has the old file mapped keeps its bytes. On failure the

@@ -1,6 +1,7 @@
 #include "runtime/engine/engine.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/core/status.h"
@@ -27,6 +28,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   }
   MLAG_ASSIGN_OR_RETURN(e->device_, Device::Create(options.device));
   MLAG_ASSIGN_OR_RETURN(ModelSource source, OpenModel(options.model));
+  source.weights->SetScanNonFinite(!options.trust_weights);
   e->description_ = source.description;
   const ModelConfig& mc = source.config;
   e->max_model_len_ = options.max_model_len > 0 ? options.max_model_len
@@ -47,6 +49,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
       return absl::InvalidArgumentError(absl::StrCat("KV cache dtype '", options.kv_cache_dtype,
                                                      "': expected auto, f32 or bf16"));
     }
+  }
+  // Compared with the device before anything is allocated: a pool larger
+  // than the memory fails here, naming the option, not deep in an allocator.
+  MLAG_ASSIGN_OR_RETURN(const size_t memory, e->device_->MemoryBytes());
+  if (options.kv_cache_bytes > memory) {
+    return absl::ResourceExhaustedError(absl::StrCat("kv_cache_bytes ", options.kv_cache_bytes,
+                                                     " exceeds the ", memory,
+                                                     " bytes of memory of ", e->device_->name()));
   }
   const size_t bytes_per_block = static_cast<size_t>(options.block_size) * mc.num_hidden_layers *
                                  mc.kv_cache_row() * DTypeSize(kv_dtype);
@@ -141,11 +151,17 @@ absl::Status Engine::ValidateRequest(const RequestSpec& spec) const {
     }
   }
   const SamplingParams& sp = spec.sampling;
-  if (!(sp.top_p > 0.0f) || sp.logprobs < 0 || sp.logprobs > vocab ||
-      sp.temperature != sp.temperature) {
+  if (!(sp.top_p > 0.0f && sp.top_p <= 1.0f)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("bad sampling parameters: top_p must be in (0, 1], logprobs in [0, ", vocab,
-                     "], temperature a number"));
+        absl::StrCat("top_p is ", sp.top_p, "; it must be in (0, 1]"));
+  }
+  if (sp.logprobs < 0 || sp.logprobs > vocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logprobs is ", sp.logprobs, "; it must be in [0, ", vocab, "]"));
+  }
+  if (!std::isfinite(sp.temperature)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("temperature is ", sp.temperature, "; it must be a finite number"));
   }
   return absl::OkStatus();
 }

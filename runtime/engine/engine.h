@@ -38,9 +38,13 @@ struct EngineOptions {
   std::string kv_cache_dtype = "auto";
   // How projection weights are held: "auto" (as the checkpoint stores them:
   // bf16 and fp8 kept, anything else f32), "f32", "bf16" or "fp8" (e4m3 with
-  // 128 x 128 block scales; lm_head then bf16). CUDA holds fp8 projections
-  // in bf16 (dequantized at load) and runs bf16 ones through cuBLASLt.
+  // 128 x 128 block scales; lm_head then bf16). CUDA runs bf16 projections
+  // through cuBLASLt and fp8 ones through the FP8 GEMM from sm_89 on (older
+  // GPUs hold them in bf16, dequantized at load).
   std::string weight_dtype = "auto";
+  // Skip the load-time scan that refuses NaN and infinite weights (for
+  // trusted checkpoints; the scan costs one pass over the weights).
+  bool trust_weights = false;
   int block_size = 64;
   int max_num_seqs = 64;
   int max_num_batched_tokens = 512;

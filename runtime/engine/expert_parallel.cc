@@ -443,6 +443,13 @@ absl::StatusOr<EpRunResult> EpRank::Drive(const std::vector<RequestSpec>& reques
     if (step > 10'000'000) return absl::InternalError("expert-parallel run does not finish");
   }
   result.driver_steps = step + 1;
+  if (next_event < ep_.reconfigure.size()) {
+    // Every rank ends at the same step (the all-reduce above), so every rank
+    // reports this alike.
+    return absl::InvalidArgumentError(
+        absl::StrCat("reconfiguration at step ", ep_.reconfigure[next_event].step,
+                     " never happened: the run ended after ", step + 1, " steps"));
+  }
   result.device = engine_->device().name();
 
   // Gather every rank's finished requests and counters on every rank.
