@@ -37,7 +37,8 @@ done
 # 9.0) the projections stay fp8 and run through the FP8 block-scaled GEMM,
 # the routed experts through the grouped GEMM (widened as loaded); lm_head is
 # bf16. On an older GPU (emulated 8.0) everything is held in bf16,
-# dequantized at load: the fallback. Both runs are graph replays.
+# dequantized at load: the fallback (whose bf16 matmuls the op cases cover).
+# The run is a graph replay.
 "$MLAG" export --model tiny-v3 --weight-dtype fp8 --out "$TMP/fp8" >/dev/null
 if MLAG_EMULATED_GPUS=1 "$MLAG" info --model "$TMP/fp8" --device cuda >"$TMP/fp8info" 2>"$TMP/err" &&
    grep -q "bf16 [0-9.]* MiB" "$TMP/fp8info" && grep -q "fp8 [0-9.]* MiB" "$TMP/fp8info"; then
@@ -52,15 +53,12 @@ if MLAG_EMULATED_GPUS=1 MLAG_EMULATED_COMPUTE_CAPABILITY=80 "$MLAG" info --model
 else
   bad "fp8 checkpoint on cuda sm_80 is not held in bf16: $(cat "$TMP/fp8info80" "$TMP/err" | tail -3)"
 fi
-for cc in 90 80; do
-  if MLAG_EMULATED_GPUS=1 MLAG_EMULATED_COMPUTE_CAPABILITY=$cc "$MLAG" run --model "$TMP/fp8" --device cuda \
-       --num-requests 6 --prompt-len 13 --max-tokens 5 --json >"$TMP/fp8.json" 2>"$TMP/err" &&
-     [ "$(tokens "$TMP/fp8.json" | wc -l)" -eq 6 ]; then
-    ok
-  else
-    bad "fp8 checkpoint on cuda sm_$cc: $(tail -3 "$TMP/err")"
-  fi
-done
+if MLAG_EMULATED_GPUS=1 "$MLAG" run --model "$TMP/fp8" --device cuda --num-requests 4 --prompt-len 13 \
+     --max-tokens 3 --json >"$TMP/fp8.json" 2>"$TMP/err" && [ "$(tokens "$TMP/fp8.json" | wc -l)" -eq 4 ]; then
+  ok
+else
+  bad "fp8 checkpoint on cuda sm_90: $(tail -3 "$TMP/err")"
+fi
 
 # Every layer's kv_update node, then its attention node, read from the CUDA graph.
 if MLAG_EMULATED_GPUS=1 "$MLAG" graphs --device cuda --model tiny-v3 --size 8 --max-num-seqs 8 >"$TMP/graphs" 2>"$TMP/err"; then

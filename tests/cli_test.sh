@@ -60,6 +60,8 @@ expect_usage_error "context-len" bench --model tiny-v3 --context-len 2147483647
 expect_usage_error "largest batch" bench --model tiny-v3 --batch-sizes 1000000
 expect_usage_error "never happened" run --model tiny-v3 --ep 2 --reconfigure-at 500:1 --num-requests 2 --max-tokens 2
 expect_usage_error "num-requests" run --model tiny-v3 --num-requests 1000000000
+expect_usage_error "--ep" run --model tiny-v3 --ep -1
+expect_usage_error "--ep" run --model tiny-v3 --ep 100000
 expect_usage_error "prompt-len" run --model tiny-v3 --prompt-len 2000000000
 expect_usage_error "kv_cache_bytes" run --model tiny-v3 --kv-cache-bytes 100000000000000
 expect_usage_error "/nonexistent/g.dot" graphs --model tiny-v3 --size 2 --max-num-seqs 2 --dot /nonexistent/g.dot

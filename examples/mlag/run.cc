@@ -54,6 +54,10 @@ struct RunFlags {
   std::vector<std::string> ep_faults;  // testing aid: fail:RANK:STEP or hang:RANK:STEP:SECONDS
 };
 
+// The most expert-parallel ranks (each builds an engine: thread ranks share
+// this machine's memory).
+constexpr int kMaxEpRanks = 1024;
+
 // The most requests one run makes or reads (every one is held in memory).
 constexpr int kMaxRequests = 1 << 20;
 
@@ -293,7 +297,8 @@ Command AddRunCommand(CLI::App& app) {
       ->check(AtLeast(0));
   run->add_option("--stop-token", f->stop_tokens, "stop at this token id (repeatable)");
   run->add_flag("--json", f->json, "print one JSON object");
-  run->add_option("--ep", f->ep, "expert-parallel ranks (0: off)")->check(AtLeast(0));
+  run->add_option("--ep", f->ep, "expert-parallel ranks (0: off)")
+      ->check(CLI::Range(0, kMaxEpRanks));
   run->add_option("--ep-backend", f->ep_backend,
                   "local (host thread ranks), nccl (a thread rank per GPU) or mpi (mpirun "
                   "processes; NCCL for data on GPUs)")
