@@ -31,7 +31,7 @@ args=(-np "$N")
 if [ "$(id -u)" -eq 0 ]; then args+=(--allow-run-as-root); fi
 cores=$(nproc)
 if [ "$N" -gt "$cores" ]; then args+=(--oversubscribe); fi
-# Ranks share the cores: split OpenMP threads between them.
+# Ranks share the cores: split the host worker threads between them.
 threads=$(( cores / N )); [ "$threads" -ge 1 ] || threads=1
-exec mpirun "${args[@]}" ${MPIRUN_ARGS:-} -x OMP_NUM_THREADS="$threads" -x OMP_WAIT_POLICY=passive \
+exec mpirun "${args[@]}" ${MPIRUN_ARGS:-} -x MLAG_NUM_THREADS="$threads" \
   "$MLAG" run --ep "$N" --ep-backend mpi "$@"

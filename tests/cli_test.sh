@@ -80,6 +80,12 @@ s = j["stats"]
 for k in ("steps", "graph_replays", "eager_steps", "prefix_cache_hit_rate", "capture_seconds"):
     assert k in s, k
 assert sum(s["graph_replays"].values()) > 0, s
+# Start-up phases: each measured, and the first token after the engine was ready.
+p = s["startup_seconds"]
+for k in ("open_model", "build_model", "kv_pool", "warmup", "capture", "engine_ready", "first_token"):
+    assert p[k] >= 0, (k, p)
+assert p["build_model"] > 0 and p["capture"] > 0, p
+assert p["first_token"] >= p["engine_ready"] >= p["build_model"], p
 PY
   then ok; else bad "JSON content"; fi
 fi
@@ -98,8 +104,9 @@ if "$MLAG" export --model tiny-v2 --out "$TMP/tiny-v2" >/dev/null; then ok; else
 "$MLAG" run --model "$TMP/tiny-v2" --num-requests 3 --prompt-len 9 --max-tokens 4 --json >"$TMP/b.json"
 if [ -n "$(tokens "$TMP/a.json")" ] && [ "$(tokens "$TMP/a.json")" = "$(tokens "$TMP/b.json")" ]; then ok; else bad "exported model differs"; fi
 
-# mlag bench prints JSON with positive byte counts and a measured ceiling.
-if "$MLAG" bench --model tiny-v3 --batch-sizes 1,8 --steps 2 --prefill-len 16 --bandwidth-gib 0.25 --json >"$TMP/bench.json" 2>"$TMP/err"; then ok; else bad "bench failed: $(cat "$TMP/err")"; fi
+# mlag bench prints JSON with positive byte counts and measured ceilings,
+# prefill per length, and (--contend) the figures with a busy thread beside.
+if "$MLAG" bench --model tiny-v3 --batch-sizes 1,8 --steps 2 --prefill-lens 40,16 --contend 1 --bandwidth-gib 0.25 --json >"$TMP/bench.json" 2>"$TMP/err"; then ok; else bad "bench failed: $(cat "$TMP/err")"; fi
 if command -v python3 >/dev/null 2>&1; then
   if python3 - "$TMP/bench.json" <<'PY'
 import json, sys
@@ -109,8 +116,15 @@ assert [d["batch"] for d in j["decode"]] == [1, 8], j["decode"]
 for d in j["decode"]:
     assert d["bytes_per_step"] > 0 and d["graph_ms"] > 0 and d["eager_ms"] > 0, d
     assert 0 < d["fraction_of_bandwidth"], d
-assert j["prefill"]["tokens_per_s"] > 0
-for k in ("build_seconds", "capture_seconds", "weight_dtype", "weight_bytes_by_dtype", "kv_cache_dtype"):
+    assert d["contended_graph_ms"] > 0 and d["contended_vs_uncontended"] > 0, d
+assert [p["tokens"] for p in j["prefill"]] == [16, 40], j["prefill"]
+for p in j["prefill"]:
+    assert p["tokens_per_s"] > 0 and p["gflop"] > 0 and p["gemm_ceiling_gflops"] > 0, p
+    assert p["fraction_of_gemm_ceiling"] > 0, p
+assert j["prefill"][1]["gflop"] > j["prefill"][0]["gflop"], j["prefill"]
+c = j["contention"]
+assert c["busy_threads"] == 1 and c["capture_seconds_quiet"] > 0 and c["capture_seconds_contended"] > 0, c
+for k in ("build_seconds", "capture_seconds", "warmup_seconds", "weight_dtype", "weight_bytes_by_dtype", "kv_cache_dtype"):
     assert k in j, k
 PY
   then ok; else bad "bench JSON content"; fi

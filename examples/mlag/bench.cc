@@ -1,14 +1,19 @@
 // mlag bench: decode step latency and tokens/s per batch size with graphs and
-// eagerly, prefill tokens/s, and achieved bytes/s against a memory-bandwidth
-// ceiling measured in the same run.
+// eagerly, and achieved bytes/s against a memory-bandwidth ceiling measured in
+// the same run; prefill tokens/s per prompt length against a GEMM ceiling
+// measured in the same run; with --contend N, decode and capture again with N
+// busy threads on the same cores.
 //
-//   mlag bench --model M [--batch-sizes 1,8,32] [--context-len N] [--json]
+//   mlag bench --model M [--batch-sizes 1,8,32] [--context-len N]
+//              [--prefill-lens 128,512,2048] [--contend N] [--json]
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <limits>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "examples/mlag/bench_report.h"
@@ -28,8 +33,11 @@ struct BenchFlags {
   // Cached tokens per decode sequence; 0: 512, or less when the model's
   // max_position_embeddings is smaller.
   int context_len = 0;
-  int steps = 8;          // timed decode steps per batch size and mode
-  int prefill_len = 128;  // tokens of the prefill measurement (capped like context_len)
+  int steps = 8;  // timed decode steps per batch size and mode
+  // Prompt lengths of the prefill measurement (each capped by the model's
+  // max_position_embeddings).
+  std::vector<int> prefill_lens = {128, 512, 2048};
+  int contend = 0;  // busy threads for the contended measurement; 0: none
   double bandwidth_gib = 2.0;
   // auto: bf16 on CUDA (what the tensor-core decode kernel reads), f32 on
   // the host (the engine's default there).
@@ -39,6 +47,64 @@ struct BenchFlags {
 };
 
 using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// N threads that busy-loop until destroyed: another process's work on the
+// same cores, for measuring how the engine holds up beside it.
+class BusyThreads {
+ public:
+  explicit BusyThreads(int n) {
+    for (int i = 0; i < n; ++i) {
+      threads_.emplace_back([this] {
+        uint64_t x = 1;
+        while (!stop_.load(std::memory_order_relaxed)) x = x * 6364136223846793005ull + 1;
+        sink_.fetch_add(x, std::memory_order_relaxed);
+      });
+    }
+  }
+  ~BusyThreads() {
+    stop_ = true;
+    for (std::thread& t : threads_) t.join();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> sink_{0};
+  std::vector<std::thread> threads_;
+};
+
+// Multiply-adds times two of one prefill of `tokens` tokens from an empty
+// cache, as the engine computes it: every projection and the experts each
+// token is routed to (top-k of the routed, all shared), attention in the
+// absorbed form (scores over kv_lora + rope dimensions, values over kv_lora,
+// causal), and the lm_head for the one sampled row.
+double PrefillFlops(const ModelConfig& c, int64_t tokens) {
+  const double h = c.hidden_size, heads = c.num_attention_heads;
+  const double q_proj = c.q_lora_rank > 0 ? h * c.q_lora_rank + static_cast<double>(c.q_lora_rank) *
+                                                                    heads * c.qk_head_dim()
+                                          : h * heads * c.qk_head_dim();
+  const double attn_proj = q_proj + h * c.kv_cache_row() +
+                           heads * c.kv_lora_rank * (c.qk_nope_head_dim + c.v_head_dim) +
+                           heads * c.v_head_dim * h;
+  double macs_per_token = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    macs_per_token += attn_proj;
+    if (c.IsMoeLayer(l)) {
+      macs_per_token += h * c.n_routed_experts + 3.0 * h * c.moe_intermediate_size *
+                                                     (c.num_experts_per_tok + c.n_shared_experts);
+    } else {
+      macs_per_token += 3.0 * h * c.intermediate_size;
+    }
+  }
+  const double t = static_cast<double>(tokens);
+  const double key_pairs = t * (t + 1) / 2;  // causal (query, key) pairs
+  const double attn_macs = c.num_hidden_layers * heads * key_pairs *
+                           (c.kv_cache_row() + static_cast<double>(c.kv_lora_rank));
+  return 2.0 * (macs_per_token * t + attn_macs + h * c.vocab_size);
+}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -91,8 +157,13 @@ absl::Status Bench(BenchFlags f) {
   const ModelConfig& mc = source.config;
   if (f.context_len == 0) {
     f.context_len = std::min(512, mc.max_position_embeddings - 1);
-    f.prefill_len = std::min(f.prefill_len, mc.max_position_embeddings);
+    for (int& len : f.prefill_lens) len = std::min(len, mc.max_position_embeddings);
   }
+  std::sort(f.prefill_lens.begin(), f.prefill_lens.end());
+  f.prefill_lens.erase(std::unique(f.prefill_lens.begin(), f.prefill_lens.end()),
+                       f.prefill_lens.end());
+  if (f.prefill_lens.empty()) return absl::InvalidArgumentError("--prefill-lens is empty");
+  const int max_prefill = f.prefill_lens.back();
   // Every size is checked against the model before any arithmetic on it and
   // before anything is allocated or measured.
   if (f.context_len >= mc.max_position_embeddings) {
@@ -100,8 +171,8 @@ absl::Status Bench(BenchFlags f) {
         "--context-len ", f.context_len, ": a decode step needs context + 1 <= the model's ",
         "max_position_embeddings ", mc.max_position_embeddings));
   }
-  if (f.prefill_len > mc.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat("--prefill-len ", f.prefill_len,
+  if (max_prefill > mc.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("--prefill-lens ", max_prefill,
                                                    " exceeds the model's max_position_embeddings ",
                                                    mc.max_position_embeddings));
   }
@@ -111,7 +182,7 @@ absl::Status Bench(BenchFlags f) {
   }
   RunnerConfig rc;
   rc.block_size = 64;
-  rc.max_model_len = std::max(f.context_len + 1, f.prefill_len);
+  rc.max_model_len = std::max(f.context_len + 1, max_prefill);
   MLAG_ASSIGN_OR_RETURN(
       BandwidthMeasurement bw,
       MeasureMemoryBandwidth(*device, static_cast<size_t>(f.bandwidth_gib * (1 << 30))));  // before
@@ -124,7 +195,7 @@ absl::Status Bench(BenchFlags f) {
   }
   rc.num_blocks = static_cast<int>(num_blocks);
   rc.max_num_seqs = max_batch;
-  rc.max_num_batched_tokens = std::max(max_batch, f.prefill_len);
+  rc.max_num_batched_tokens = std::max(max_batch, max_prefill);
   rc.graph_mode = GraphMode::kFullDecode;
   rc.capture_sizes = f.batch_sizes;
   rc.kv_dtype = device->is_cuda() ? DType::kBF16 : DType::kF32;
@@ -139,6 +210,7 @@ absl::Status Bench(BenchFlags f) {
   MLAG_RETURN_IF_ERROR(runner->FillKvCache(7));
   MLAG_RETURN_IF_ERROR(runner->CaptureGraphs());
   const double capture_s = runner->stats().capture_seconds;
+  const double warmup_s = runner->stats().warmup_seconds;
 
   // Bytes a decode step must read: every weight except the embedding and
   // rope tables (a step reads B rows of each) and the routed experts (only
@@ -157,6 +229,23 @@ absl::Status Bench(BenchFlags f) {
     r.batch = b;
     MLAG_ASSIGN_OR_RETURN(r.graph_ms, TimeSteps(*runner, batch, f.steps));
     results.push_back(r);
+  }
+  // Contention: the graphs captured again (warm, quiet, for a like-for-like
+  // start-up figure), then captured and replayed with busy threads beside.
+  ContentionResult contention;
+  if (f.contend > 0) {
+    contention.threads = f.contend;
+    auto t_quiet = Clock::now();
+    MLAG_RETURN_IF_ERROR(runner->CaptureGraphs());
+    contention.quiet_capture_seconds = SecondsSince(t_quiet);
+    BusyThreads busy(f.contend);
+    auto t_busy = Clock::now();
+    MLAG_RETURN_IF_ERROR(runner->CaptureGraphs());
+    contention.contended_capture_seconds = SecondsSince(t_busy);
+    for (DecodeResult& r : results) {
+      DecodeBatch batch(r.batch, f.context_len, blocks_per_seq, mc.vocab_size, 100 + r.batch);
+      MLAG_ASSIGN_OR_RETURN(r.contended_graph_ms, TimeSteps(*runner, batch, f.steps));
+    }
   }
   // Routing of each batch (an eager step with recording on) and eager timing.
   runner->DropGraphs();
@@ -187,23 +276,45 @@ absl::Status Bench(BenchFlags f) {
   const double bw_before_bytes_per_second = bw.bytes_per_second;
   if (bw_after.bytes_per_second > bw.bytes_per_second) bw = bw_after;
 
-  // Prefill: one sequence of prefill_len tokens, eager.
-  std::vector<int32_t> prompt(f.prefill_len);
-  std::mt19937 rng(3);
-  for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % mc.vocab_size);
-  std::vector<int> table;
-  for (int j = 0; j < (f.prefill_len + rc.block_size - 1) / rc.block_size; ++j)
-    table.push_back(1 + j);
-  StepSequence pre;
-  pre.new_tokens = prompt;
-  pre.block_table = table;
-  pre.sample = true;
-  MLAG_RETURN_IF_ERROR(runner->Execute({&pre, 1}).status());
-  std::vector<double> pre_ms;
-  for (int i = 0; i < 3; ++i) {
-    auto t0 = Clock::now();
+  // The GEMM ceiling (host): the widest dense projection the model has (an
+  // MLP's gate|up) through the host GEMM and OpenBLAS, at the decode batches
+  // and the prefill lengths: the cost of batch invariance, and the ceiling
+  // prefill is measured against.
+  auto measure_gemm = [&]() -> absl::StatusOr<std::vector<GemmCost>> {
+    const int64_t width = mc.n_routed_experts > 0 ? 2 * int64_t{mc.moe_intermediate_size}
+                                                  : 2 * int64_t{mc.intermediate_size};
+    std::vector<int64_t> rows = {1, max_batch};
+    rows.insert(rows.end(), f.prefill_lens.begin(), f.prefill_lens.end());
+    return MeasureGemmCost(width, mc.hidden_size, rows, /*reps=*/5);
+  };
+  std::vector<GemmCost> gemm_before;
+  if (!device->is_cuda()) {
+    MLAG_ASSIGN_OR_RETURN(gemm_before, measure_gemm());
+  }
+
+  // Prefill: one sequence of each prompt length from an empty cache, eager
+  // (prefill is never captured). Long prompts take seconds: one warm-up run
+  // and fewer timed runs for them.
+  std::vector<PrefillResult> prefills;
+  for (int len : f.prefill_lens) {
+    std::vector<int32_t> prompt(len);
+    std::mt19937 rng(3);
+    for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % mc.vocab_size);
+    std::vector<int> table;
+    for (int j = 0; j < (len + rc.block_size - 1) / rc.block_size; ++j) table.push_back(1 + j);
+    StepSequence pre;
+    pre.new_tokens = prompt;
+    pre.block_table = table;
+    pre.sample = true;
     MLAG_RETURN_IF_ERROR(runner->Execute({&pre, 1}).status());
-    pre_ms.push_back(1e3 * std::chrono::duration<double>(Clock::now() - t0).count());
+    std::vector<double> ms;
+    const int reps = len <= 512 ? 3 : 1;
+    for (int i = 0; i < reps; ++i) {
+      auto t0 = Clock::now();
+      MLAG_RETURN_IF_ERROR(runner->Execute({&pre, 1}).status());
+      ms.push_back(1e3 * SecondsSince(t0));
+    }
+    prefills.push_back({len, Median(ms), PrefillFlops(mc, len)});
   }
 
   BenchReport report;
@@ -222,15 +333,20 @@ absl::Status Bench(BenchFlags f) {
   report.steps = f.steps;
   report.build_seconds = build_s;
   report.capture_seconds = capture_s;
+  report.warmup_seconds = warmup_s;
   report.decode = results;
-  report.prefill_tokens = f.prefill_len;
-  report.prefill_ms = Median(pre_ms);
+  report.contention = contention;
+  report.prefill = prefills;
   if (!device->is_cuda()) {
-    // The widest dense projection the model has (an MLP's gate|up).
-    const int64_t width = mc.n_routed_experts > 0 ? 2 * int64_t{mc.moe_intermediate_size}
-                                                  : 2 * int64_t{mc.intermediate_size};
-    MLAG_ASSIGN_OR_RETURN(report.gemm_cost,
-                          MeasureGemmCost(width, mc.hidden_size, {1, max_batch, f.prefill_len}));
+    // Measured again after the prefill timings; the better of the two, as
+    // for the bandwidth ceiling.
+    MLAG_ASSIGN_OR_RETURN(const std::vector<GemmCost> after, measure_gemm());
+    for (size_t i = 0; i < gemm_before.size() && i < after.size(); ++i) {
+      GemmCost g = gemm_before[i];
+      g.host_gemm_gflops = std::max(g.host_gemm_gflops, after[i].host_gemm_gflops);
+      g.openblas_gflops = std::max(g.openblas_gflops, after[i].openblas_gflops);
+      report.gemm_cost.push_back(g);
+    }
   }
   if (f.json) {
     PrintBenchJson(report);
@@ -255,8 +371,16 @@ Command AddBenchCommand(CLI::App& app) {
                    "cached tokens per sequence (default 512, capped by the model)")
       ->check(AtLeast(0));
   bench->add_option("--steps", f->steps, "timed decode steps per batch size")->check(AtLeast(1));
-  bench->add_option("--prefill-len", f->prefill_len, "tokens of the prefill run")
+  bench
+      ->add_option("--prefill-lens,--prefill-len", f->prefill_lens,
+                   "comma-separated prompt lengths of the prefill runs (default 128,512,2048, "
+                   "capped by the model)")
+      ->delimiter(',')
       ->check(AtLeast(1));
+  bench
+      ->add_option("--contend", f->contend,
+                   "busy threads to run beside a second round of decode and capture timings")
+      ->check(CLI::Range(0, 256));
   bench
       ->add_option("--bandwidth-gib", f->bandwidth_gib, "buffer of the bandwidth measurement (GiB)")
       ->check(CLI::Range(1.0 / 1024, 1024.0));

@@ -1,5 +1,6 @@
 #include "examples/mlag/bench_report.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "nlohmann/json.hpp"
@@ -17,11 +18,22 @@ double TokensPerSecondAtBatch1(const BenchReport& r) {
   return tok_s_1;
 }
 
+// The GEMM ceiling of a prefill of `tokens` rows: the better of the host GEMM
+// and OpenBLAS on the model's projection at that row count, GFLOP/s; 0 when
+// not measured (CUDA).
+double GemmCeilingGflops(const BenchReport& r, int tokens) {
+  for (const GemmCost& g : r.gemm_cost) {
+    if (g.rows == tokens) return std::max(g.host_gemm_gflops, g.openblas_gflops);
+  }
+  return 0.0;
+}
+
+double Ratio(double a, double b) { return b > 0 ? a / b : 0.0; }
+
 }  // namespace
 
 void PrintBenchJson(const BenchReport& r) {
   const double tok_s_1 = TokensPerSecondAtBatch1(r);
-  const double prefill_tok_s = r.prefill_tokens / (r.prefill_ms / 1e3);
   nlohmann::json j;
   j["machine"] = {{"device", r.device_name},
                   {"bandwidth_gb_s", r.bandwidth.bytes_per_second / 1e9},
@@ -49,6 +61,7 @@ void PrintBenchJson(const BenchReport& r) {
   j["steps"] = r.steps;
   j["build_seconds"] = r.build_seconds;
   j["capture_seconds"] = r.capture_seconds;
+  j["warmup_seconds"] = r.warmup_seconds;
   j["decode"] = nlohmann::json::array();
   for (const DecodeResult& d : r.decode) {
     const double gbs = d.bytes / (d.graph_ms / 1e3) / 1e9;
@@ -64,9 +77,34 @@ void PrintBenchJson(const BenchReport& r) {
          {"achieved_gb_s", gbs},
          {"fraction_of_bandwidth", gbs * 1e9 / r.bandwidth.bytes_per_second},
          {"tokens_per_s_vs_batch1", tok_s_1 > 0 ? d.batch / (d.graph_ms / 1e3) / tok_s_1 : 0.0}});
+    if (r.contention.threads > 0) {
+      j["decode"].back()["contended_graph_ms"] = d.contended_graph_ms;
+      j["decode"].back()["contended_tokens_per_s"] = d.batch / (d.contended_graph_ms / 1e3);
+      j["decode"].back()["contended_vs_uncontended"] = d.graph_ms / d.contended_graph_ms;
+    }
   }
-  j["prefill"] = {
-      {"tokens", r.prefill_tokens}, {"ms", r.prefill_ms}, {"tokens_per_s", prefill_tok_s}};
+  if (r.contention.threads > 0) {
+    j["contention"] = {{"busy_threads", r.contention.threads},
+                       {"capture_seconds_quiet", r.contention.quiet_capture_seconds},
+                       {"capture_seconds_contended", r.contention.contended_capture_seconds},
+                       {"capture_contended_vs_quiet", Ratio(r.contention.contended_capture_seconds,
+                                                            r.contention.quiet_capture_seconds)}};
+  }
+  j["prefill"] = nlohmann::json::array();
+  for (const PrefillResult& p : r.prefill) {
+    const double gflops = p.flops / (p.ms / 1e3) / 1e9;
+    const double ceiling = GemmCeilingGflops(r, p.tokens);
+    nlohmann::json e = {{"tokens", p.tokens},
+                        {"ms", p.ms},
+                        {"tokens_per_s", p.tokens / (p.ms / 1e3)},
+                        {"gflop", p.flops / 1e9},
+                        {"gflops", gflops}};
+    if (ceiling > 0) {
+      e["gemm_ceiling_gflops"] = ceiling;
+      e["fraction_of_gemm_ceiling"] = gflops / ceiling;
+    }
+    j["prefill"].push_back(std::move(e));
+  }
   j["invariance_cost"] = nlohmann::json::array();
   for (const GemmCost& g : r.gemm_cost) {
     j["invariance_cost"].push_back(
@@ -82,7 +120,6 @@ void PrintBenchJson(const BenchReport& r) {
 
 void PrintBenchText(const BenchReport& r) {
   const double tok_s_1 = TokensPerSecondAtBatch1(r);
-  const double prefill_tok_s = r.prefill_tokens / (r.prefill_ms / 1e3);
   std::printf("machine: %s; memory bandwidth %.2f GB/s (%s, %.1f GiB buffer, best of 5",
               r.device_name.c_str(), r.bandwidth.bytes_per_second / 1e9, r.bandwidth.method,
               r.bandwidth_gib);
@@ -105,9 +142,9 @@ void PrintBenchText(const BenchReport& r) {
       r.weight_bytes / 1e9, std::string(WeightFormatName(r.weight_format)).c_str());
   std::printf(
       "decode at context %d (%s cache), median of %d steps; built in %.1f s, %zu graphs "
-      "captured in %.3f s\n\n",
+      "captured in %.3f s after a %.3f s warm-up\n\n",
       r.context_len, std::string(DTypeName(r.kv_dtype)).c_str(), r.steps, r.build_seconds,
-      r.decode.size(), r.capture_seconds);
+      r.decode.size(), r.capture_seconds, r.warmup_seconds);
   std::printf("%6s %10s %10s %8s %12s %12s %9s %8s %9s %7s %9s\n", "batch", "graph ms", "eager ms",
               "speedup", "graph tok/s", "eager tok/s", "vs b=1", "experts", "GB/step", "GB/s",
               "of bw");
@@ -130,8 +167,29 @@ void PrintBenchText(const BenchReport& r) {
                   g.host_gemm_gflops / g.openblas_gflops);
     }
   }
-  std::printf("\nprefill: %d tokens in %.1f ms: %.1f tokens/s\n", r.prefill_tokens, r.prefill_ms,
-              prefill_tok_s);
+  if (r.contention.threads > 0) {
+    const ContentionResult& c = r.contention;
+    std::printf(
+        "\nwith %d busy thread%s on the same cores: capture (warm-up included) %.3f s vs "
+        "%.3f s quiet (%.2fx)\n",
+        c.threads, c.threads == 1 ? "" : "s", c.contended_capture_seconds, c.quiet_capture_seconds,
+        Ratio(c.contended_capture_seconds, c.quiet_capture_seconds));
+    for (const DecodeResult& d : r.decode) {
+      std::printf("  batch %5d: %10.1f tok/s vs %10.1f quiet (%.2fx)\n", d.batch,
+                  d.batch / (d.contended_graph_ms / 1e3), d.batch / (d.graph_ms / 1e3),
+                  d.graph_ms / d.contended_graph_ms);
+    }
+  }
+  std::printf("\nprefill from an empty cache (eager; GFLOP counts the absorbed-form attention):\n");
+  std::printf("%8s %10s %10s %8s %9s %14s %9s\n", "tokens", "ms", "tok/s", "GFLOP", "GFLOP/s",
+              "GEMM ceiling", "of ceil");
+  for (const PrefillResult& p : r.prefill) {
+    const double gflops = p.flops / (p.ms / 1e3) / 1e9;
+    const double ceiling = GemmCeilingGflops(r, p.tokens);
+    std::printf("%8d %10.1f %10.1f %8.2f %9.1f %14.1f %8.1f%%\n", p.tokens, p.ms,
+                p.tokens / (p.ms / 1e3), p.flops / 1e9, gflops, ceiling,
+                100.0 * Ratio(gflops, ceiling));
+  }
   std::printf(
       "bytes/step = weights read (routed experts: those the batch routes to) + "
       "KV cache of the batch; 'of bw' = achieved / measured bandwidth\n");

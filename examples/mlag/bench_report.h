@@ -19,8 +19,23 @@ namespace mlag::cli {
 struct DecodeResult {
   int batch = 0;
   double graph_ms = 0, eager_ms = 0;
-  double bytes = 0;         // per step
-  int experts_touched = 0;  // summed over MoE layers
+  double contended_graph_ms = 0;  // with --contend busy threads; 0 when not run
+  double bytes = 0;               // per step
+  int experts_touched = 0;        // summed over MoE layers
+};
+
+// --contend N: the graphs captured again on a warm engine, quietly and then
+// with N busy threads on the same cores (warm-up included in both).
+struct ContentionResult {
+  int threads = 0;  // 0: not measured
+  double quiet_capture_seconds = 0, contended_capture_seconds = 0;
+};
+
+// One prefill from an empty cache.
+struct PrefillResult {
+  int tokens = 0;
+  double ms = 0;
+  double flops = 0;  // PrefillFlops: the work of the forms the engine computes
 };
 
 struct BenchReport {
@@ -39,10 +54,10 @@ struct BenchReport {
   WeightFormat weight_format = WeightFormat::kAuto;
   int context_len = 0;
   int steps = 0;  // timed decode steps per batch size and mode
-  double build_seconds = 0, capture_seconds = 0;
+  double build_seconds = 0, capture_seconds = 0, warmup_seconds = 0;
   std::vector<DecodeResult> decode;
-  int prefill_tokens = 0;
-  double prefill_ms = 0;
+  ContentionResult contention;
+  std::vector<PrefillResult> prefill;
 };
 
 void PrintBenchJson(const BenchReport& r);

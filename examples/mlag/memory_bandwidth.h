@@ -17,7 +17,7 @@ struct BandwidthMeasurement {
   const char* method = "";                 // what was timed
 };
 
-// Host: the better of a read-only sum over a `bytes` buffer on every OpenMP
+// Host: the better of a read-only sum over a `bytes` buffer on every host
 // thread and a one-row Linear streaming the same buffer as a weight matrix
 // (the access pattern of decode), best of `reps`. CUDA: a device-to-device
 // cudaMemcpy, counting bytes read plus bytes written. `bytes` should be far

@@ -122,6 +122,7 @@ RequestSpec MakeSpec(const RunFlags& f, const std::vector<int32_t>& prompt, size
 // a terminal.
 absl::Status RunSingle(const RunFlags& f, const EngineOptions& options,
                        const std::vector<RequestSpec>& specs, RunReport* report) {
+  const auto t_start = Clock::now();
   MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(options));
   std::vector<RequestId> ids;
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -142,6 +143,9 @@ absl::Status RunSingle(const RunFlags& f, const EngineOptions& options,
       return absl::Status(out.status().code(),
                           absl::StrCat("step failed: ", out.status().message()));
     report->step_ms.push_back(1e3 * SecondsSince(t0));
+    if (tokens_out == 0 && !out->new_tokens.empty()) {
+      report->first_token_seconds = SecondsSince(t_start);
+    }
     tokens_out += static_cast<int64_t>(out->new_tokens.size());
     if (progress) {
       int done = 0;
@@ -168,6 +172,11 @@ absl::Status RunSingle(const RunFlags& f, const EngineOptions& options,
   report->graph_replays = stats.graph_replays;
   report->prefix_cache_hit_rate = stats.prefix_cache_hit_rate;
   report->capture_seconds = stats.capture_seconds;
+  report->open_model_seconds = stats.open_model_seconds;
+  report->build_model_seconds = stats.build_model_seconds;
+  report->kv_pool_seconds = stats.kv_pool_seconds;
+  report->warmup_seconds = stats.warmup_seconds;
+  report->has_startup = true;
   report->num_graphs = stats.num_graphs;
   report->kv_blocks_total = stats.kv_blocks_total;
   report->kv_blocks_used = stats.kv_blocks_used;

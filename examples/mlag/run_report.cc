@@ -53,6 +53,13 @@ void PrintJson(const RunReport& r) {
             {"tokens_in", r.tokens_in},
             {"tokens_out", r.tokens_out},
             {"run_seconds", r.run_seconds}};
+  if (r.has_startup) {
+    s["startup_seconds"] = {
+        {"open_model", r.open_model_seconds},  {"build_model", r.build_model_seconds},
+        {"kv_pool", r.kv_pool_seconds},        {"warmup", r.warmup_seconds},
+        {"capture", r.capture_seconds},        {"engine_ready", r.create_seconds},
+        {"first_token", r.first_token_seconds}};
+  }
   if (!r.step_ms.empty()) {
     s["step_latency_ms"] = {{"p50", Percentile(r.step_ms, 0.5)},
                             {"p99", Percentile(r.step_ms, 0.99)}};
@@ -97,6 +104,13 @@ void PrintText(const RunReport& r) {
   } else {
     std::printf("engine built in %.2f s; %d graphs captured in %.3f s (graph mode %s)\n",
                 r.create_seconds, r.num_graphs, r.capture_seconds, r.graph_mode.c_str());
+    if (r.has_startup) {
+      std::printf(
+          "start-up: open %.3f s, build model %.3f s, KV pool %.3f s, warm-up %.3f s, "
+          "capture %.3f s; first token at %.3f s\n",
+          r.open_model_seconds, r.build_model_seconds, r.kv_pool_seconds, r.warmup_seconds,
+          r.capture_seconds, r.first_token_seconds);
+    }
   }
   std::printf("requests: %zu, tokens in %lld, tokens out %lld, %.1f s, %.1f tokens/s out\n",
               r.requests.size(), static_cast<long long>(r.tokens_in),

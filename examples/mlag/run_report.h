@@ -21,6 +21,11 @@ struct RunReport {
   std::string graph_mode;
   double create_seconds = 0, capture_seconds = 0, run_seconds = 0;
   int num_graphs = 0;
+  // Start-up in phases (single rank; seconds): the engine's own, then from
+  // the command's start to the first sampled token.
+  double open_model_seconds = 0, build_model_seconds = 0, kv_pool_seconds = 0, warmup_seconds = 0,
+         first_token_seconds = 0;
+  bool has_startup = false;
 
   int64_t tokens_in = 0, tokens_out = 0;
   int64_t steps = 0;         // driver steps (every rank steps together)

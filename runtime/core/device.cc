@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -71,8 +72,12 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     kind_ = other.kind_;
     pinned_ = other.pinned_;
     cuda_index_ = other.cuda_index_;
+    mapping_ = other.mapping_;
+    mapping_bytes_ = other.mapping_bytes_;
     other.data_ = nullptr;
     other.bytes_ = 0;
+    other.mapping_ = nullptr;
+    other.mapping_bytes_ = 0;
   }
   return *this;
 }
@@ -83,6 +88,10 @@ void Buffer::Release() {
 #if MLAG_HAVE_CUDA
     cudaFreeHost(data_);
 #endif
+  } else if (mapping_ != nullptr) {
+    munmap(mapping_, mapping_bytes_);
+    mapping_ = nullptr;
+    mapping_bytes_ = 0;
   } else if (kind_ == DeviceKind::kHost) {
     std::free(data_);
   } else {
@@ -213,6 +222,36 @@ absl::StatusOr<Buffer> Device::Allocate(size_t bytes) {
 #endif
   }
   buf.bytes_ = bytes;
+  return buf;
+}
+
+absl::StatusOr<Buffer> Device::AllocateZeroed(size_t bytes) {
+  if (kind_ != DeviceKind::kHost || bytes < kHugePageMinBytes) {
+    MLAG_ASSIGN_OR_RETURN(Buffer buf, Allocate(bytes));
+    MLAG_RETURN_IF_ERROR(Zero(buf.data(), buf.bytes()));
+    return buf;
+  }
+  if (active_captures_.load() > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "allocation of ", bytes, " bytes on ", name_,
+        " during graph capture: graphs may only use memory that exists before capture"));
+  }
+  // One huge page more than asked, so the buffer can start on a huge-page
+  // boundary (mmap only promises 4 KiB alignment).
+  const size_t size = AlignUp(bytes, kHugePageBytes) + kHugePageBytes;
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("host allocation of ", bytes, " bytes failed: ", std::strerror(errno)));
+  }
+  Buffer buf;
+  buf.kind_ = kind_;
+  buf.mapping_ = p;
+  buf.mapping_bytes_ = size;
+  const uintptr_t start = AlignUp(reinterpret_cast<uintptr_t>(p), kHugePageBytes);
+  buf.data_ = reinterpret_cast<void*>(start);
+  buf.bytes_ = bytes;
+  madvise(buf.data_, AlignUp(bytes, kHugePageBytes), MADV_HUGEPAGE);  // advice only
   return buf;
 }
 

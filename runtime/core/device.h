@@ -50,6 +50,9 @@ class Buffer {
   size_t bytes_ = 0;
   DeviceKind kind_ = DeviceKind::kHost;
   bool pinned_ = false;  // page-locked host memory (cudaMallocHost)
+  // Host memory from mmap (AllocateZeroed): the mapping to unmap.
+  void* mapping_ = nullptr;
+  size_t mapping_bytes_ = 0;
   int cuda_index_ = -1;
 };
 
@@ -77,6 +80,12 @@ class Device {
   // Allocates `bytes` (64-byte aligned on the host). Zero bytes gives an empty
   // buffer. Fails with FailedPrecondition during a graph capture on this device.
   absl::StatusOr<Buffer> Allocate(size_t bytes);
+
+  // Allocate, zero-filled. Large host buffers come straight from the kernel
+  // (anonymous mmap): their pages are zero already and are touched only when
+  // first used, so a large KV pool costs no start-up time and no memory for
+  // the blocks no request reaches. On CUDA: Allocate, then Zero.
+  absl::StatusOr<Buffer> AllocateZeroed(size_t bytes);
 
   // Host memory for staging copies to and from this device: page-locked on
   // CUDA (so Stream::CopyFromHost / CopyToHost run asynchronously from it),

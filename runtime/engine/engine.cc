@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "runtime/core/status.h"
 
 namespace mlag {
@@ -27,7 +28,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
         absl::StrCat("block size must be at most ", kMaxBlockSize, ", got ", options.block_size));
   }
   MLAG_ASSIGN_OR_RETURN(e->device_, Device::Create(options.device));
+  const absl::Time t_open = absl::Now();
   MLAG_ASSIGN_OR_RETURN(ModelSource source, OpenModel(options.model));
+  e->open_model_seconds_ = absl::ToDoubleSeconds(absl::Now() - t_open);
   source.weights->SetScanNonFinite(!options.trust_weights);
   e->description_ = source.description;
   const ModelConfig& mc = source.config;
@@ -288,6 +291,10 @@ EngineStats Engine::Stats() const {
   s.kv_blocks_used = s.kv_blocks_total - s.kv_blocks_free;
   s.kv_bytes_per_token = runner_->kv_bytes_per_token();
   s.kv_block_size = kv_->block_size();
+  s.open_model_seconds = open_model_seconds_;
+  s.build_model_seconds = rs.build_model_seconds;
+  s.kv_pool_seconds = rs.kv_pool_seconds;
+  s.warmup_seconds = rs.warmup_seconds;
   s.capture_seconds = rs.capture_seconds;
   s.preemptions = scheduler_->num_preemptions();
   s.num_graphs = runner_->num_graphs();

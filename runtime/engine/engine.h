@@ -90,6 +90,13 @@ struct EngineStats {
   int kv_blocks_free = 0;
   size_t kv_bytes_per_token = 0;
   int kv_block_size = 0;
+  // Where Engine::Create's time went, in seconds: opening the model (config,
+  // checkpoint index), building it, the KV pool, the eager warm-up before
+  // capture, the capture itself.
+  double open_model_seconds = 0.0;
+  double build_model_seconds = 0.0;
+  double kv_pool_seconds = 0.0;
+  double warmup_seconds = 0.0;
   double capture_seconds = 0.0;
   int64_t preemptions = 0;
   int num_graphs = 0;
@@ -163,6 +170,7 @@ class Engine {
   RequestId next_id_ = 0;
   int max_model_len_ = 0;
   int64_t steps_ = 0;
+  double open_model_seconds_ = 0.0;  // Create: OpenModel
   std::string description_;
 };
 

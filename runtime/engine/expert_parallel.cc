@@ -1,7 +1,5 @@
 #include "runtime/engine/expert_parallel.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -15,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "comm/local_communicator.h"
+#include "kernels/host/thread_pool.h"
 #include "mlag_config.h"
 #include "runtime/core/status.h"
 #if MLAG_HAVE_MPI
@@ -506,13 +505,13 @@ absl::StatusOr<EpRunResult> RunThreadedExpertParallel(
     return absl::InvalidArgumentError("one communicator and one device per rank are needed");
   }
   std::vector<absl::StatusOr<EpRunResult>> results(n, absl::UnknownError("not run"));
-  // The rank threads share the host cores: each gets an equal share of
-  // OpenMP threads (omp_set_num_threads applies to the calling thread).
-  const int threads = std::max(1, omp_get_max_threads() / n);
+  // The rank threads share the host cores: each gets an equal share of host
+  // worker threads (SetNumThreads applies to the calling thread).
+  const int threads = std::max(1, host::NumThreads() / n);
   std::vector<std::thread> ranks;
   for (int r = 0; r < n; ++r) {
     ranks.emplace_back([&, r] {
-      omp_set_num_threads(threads);
+      host::SetNumThreads(threads);
       EngineOptions o = options;
       o.device = devices[r];
       auto rank = EpRank::Create(worlds[r], o, ep, controls.empty() ? nullptr : controls[r]);

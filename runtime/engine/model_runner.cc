@@ -77,19 +77,25 @@ absl::Status ModelRunner::Init(ModelSource& source) {
   mo.local_experts = c.local_experts;
   mo.max_ep_ranks = c.max_ep_ranks;
   mo.weight_format = c.weight_format;
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t_build = Clock::now();
   MLAG_ASSIGN_OR_RETURN(model_, BuildModel(source, device_, mo));
+  const Clock::time_point t_kv = Clock::now();
+  stats_.build_model_seconds = std::chrono::duration<double>(t_kv - t_build).count();
 
-  // KV caches, zero-filled on the stream (no host buffer of their size).
+  // KV caches, zero-filled: on the host, pages the kernel zeroes when a block
+  // is first written, so the pool costs neither start-up time nor memory
+  // until requests reach it.
   const ModelConfig& mc = model_->config();
   for (int l = 0; l < mc.num_hidden_layers; ++l) {
     Tensor probe(nullptr, c.kv_dtype, {c.num_blocks, c.block_size, mc.kv_cache_row()});
-    MLAG_ASSIGN_OR_RETURN(Buffer b, device_->Allocate(probe.nbytes()));
-    MLAG_RETURN_IF_ERROR(stream_->Memset(b.data(), 0, b.bytes()));
+    MLAG_ASSIGN_OR_RETURN(Buffer b, device_->AllocateZeroed(probe.nbytes()));
     Tensor cache = b.AsTensor(c.kv_dtype, {c.num_blocks, c.block_size, mc.kv_cache_row()});
     buffers_.push_back(std::move(b));
     kv_caches_.push_back(cache);
     model_->BindKvCache(l, cache);
   }
+  stats_.kv_pool_seconds = std::chrono::duration<double>(Clock::now() - t_kv).count();
   // The static input buffers: one device allocation and a pinned staging
   // buffer of the same layout, so a step's inputs travel in one copy.
   const int64_t R = max_rows_, S = max_seq_rows_;
@@ -306,23 +312,38 @@ StepPlan ModelRunner::Agree(int max_rows, bool all_decode) const {
 
 absl::Status ModelRunner::CaptureGraphs() {
   graphs_.clear();
+  stats_.warmup_seconds = 0.0;
+  stats_.capture_seconds = 0.0;
   if (config_.graph_mode == GraphMode::kNone) return absl::OkStatus();
-  auto t0 = std::chrono::steady_clock::now();
+  using Clock = std::chrono::steady_clock;
+  auto seconds_since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
   for (auto it = capture_sizes_.rbegin(); it != capture_sizes_.rend(); ++it) {
     const int size = *it;
-    // Eager dummy warm-up, then the capture over the same dummy buffers.
     MLAG_RETURN_IF_ERROR(FillDummy(StepPlan{size, true}));
-    MLAG_RETURN_IF_ERROR(RunOps(Metadata(size, size, true)));
+    // An eager dummy step first makes every lazy allocation and first launch
+    // happen outside the capture. On the host one step at the largest size
+    // does that for all sizes (its scratch only grows); CUDA warms each size,
+    // as kernels chosen for one size may first load at that size.
+    if (device_->is_cuda() || it == capture_sizes_.rbegin()) {
+      const Clock::time_point t_warm = Clock::now();
+      MLAG_RETURN_IF_ERROR(RunOps(Metadata(size, size, true)));
+      MLAG_RETURN_IF_ERROR(stream_->Synchronize());
+      stats_.warmup_seconds += seconds_since(t_warm);
+    }
+    const Clock::time_point t_capture = Clock::now();
     MLAG_RETURN_IF_ERROR(stream_->BeginCapture());
     absl::Status recorded = RunOps(Metadata(size, size, true));
     auto graph = stream_->EndCapture();
     MLAG_RETURN_IF_ERROR(recorded);
     if (!graph.ok()) return graph.status();
     graphs_[size] = std::move(*graph);
+    stats_.capture_seconds += seconds_since(t_capture);
   }
+  const Clock::time_point t_sync = Clock::now();
   MLAG_RETURN_IF_ERROR(stream_->Synchronize());
-  stats_.capture_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stats_.capture_seconds += seconds_since(t_sync);
   return absl::OkStatus();
 }
 

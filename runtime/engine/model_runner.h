@@ -87,7 +87,11 @@ struct RunnerStats {
   std::map<int, int64_t> graph_replays;  // capture size -> replays
   int64_t eager_steps = 0;
   int64_t dummy_steps = 0;
-  double capture_seconds = 0.0;  // the last CaptureGraphs
+  // Start-up, in phases (seconds). capture excludes the warm-up before it.
+  double build_model_seconds = 0.0;  // weights loaded or generated, laid out
+  double kv_pool_seconds = 0.0;      // KV caches allocated (zero pages)
+  double warmup_seconds = 0.0;       // eager dummy steps before capture
+  double capture_seconds = 0.0;      // the last CaptureGraphs, warm-up excluded
 };
 
 class ModelRunner {

@@ -81,12 +81,11 @@ run 170 "build" build.log ninja -C build-gpu -j 16 "${targets[@]}" || {
   for line in "${summary[@]}"; do echo "  $line"; done; exit 1; }
 
 # The gpu suite, each executable under its own limit.
-gpu_env=(env OMP_WAIT_POLICY=passive)
-run 50 "op harness (cuda cases)" ops_cuda.log "${gpu_env[@]}" ./build-gpu/tests/ops_test --gtest_filter='cuda/*'
-run 15 "graph tests (gpu_test)" gpu_test.log "${gpu_env[@]}" ./build-gpu/tests/gpu_test
-run 15 "mla_gpu_test" mla_gpu.log "${gpu_env[@]}" ./build-gpu/tests/mla_gpu_test
-run 15 "moe_linear_gpu_test" moe_linear_gpu.log "${gpu_env[@]}" ./build-gpu/tests/moe_linear_gpu_test
-run 50 "runtime_gpu_test" runtime_gpu.log "${gpu_env[@]}" ./build-gpu/tests/runtime_gpu_test
+run 50 "op harness (cuda cases)" ops_cuda.log ./build-gpu/tests/ops_test --gtest_filter='cuda/*'
+run 15 "graph tests (gpu_test)" gpu_test.log ./build-gpu/tests/gpu_test
+run 15 "mla_gpu_test" mla_gpu.log ./build-gpu/tests/mla_gpu_test
+run 15 "moe_linear_gpu_test" moe_linear_gpu.log ./build-gpu/tests/moe_linear_gpu_test
+run 50 "runtime_gpu_test" runtime_gpu.log ./build-gpu/tests/runtime_gpu_test
 
 run 30 "MLA decode benchmark" mla_decode_bench.txt ./build-gpu/tests/mla_decode_bench
 while IFS= read -r line; do summary+=("  $line"); done < <(grep '^mla_decode\[' "$OUT/mla_decode_bench.txt")

@@ -4,8 +4,6 @@
 // on every backend) are in tests/ops/cases_moe.cc.
 #include "kernels/moe.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -14,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kernels/host/thread_pool.h"
 #include "tests/status_matchers.h"
 #include "tests/test_util.h"
 
@@ -153,10 +152,9 @@ TEST(MoeExperts, BitReproducibleAcrossThreadCounts) {
   for (int e = 0; e < 16; ++e) map[e] = e;
   SetMap(d, map);
   Owned a = RunExperts(d);
-  const int threads = omp_get_max_threads();
-  omp_set_num_threads(1);
+  host::SetNumThreads(1);
   Owned b = RunExperts(d);
-  omp_set_num_threads(threads);
+  host::SetNumThreads(0);
   EXPECT_EQ(std::memcmp(a.t.data(), b.t.data(), a.t.nbytes()), 0);
 }
 
