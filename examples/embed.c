@@ -5,7 +5,7 @@
  * directory; default tiny-v3). */
 #include <stdio.h>
 
-#include "runtime/capi/mlagraph.h"
+#include <mlagraph/mlagraph.h>
 
 /* Prints the library's message (it names the failed function); 1 on failure. */
 static int failed(mlag_status status) {

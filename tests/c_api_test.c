@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/capi/mlagraph.h"
+#include "mlagraph/mlagraph.h"
 
 static int g_passed = 0;
 static int g_failed = 0;

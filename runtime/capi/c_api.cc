@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "mlag_config.h"
-#include "runtime/capi/mlagraph.h"
+#include "mlagraph/mlagraph.h"
 #include "runtime/engine/engine.h"
 
 namespace {

@@ -44,6 +44,14 @@
 extern "C" {
 #endif
 
+/* Marks the library's exported functions: libmlagraph.so is built with hidden
+ * visibility, so these are the only symbols it exports. */
+#if defined(__GNUC__) || defined(__clang__)
+#define MLAG_API __attribute__((visibility("default")))
+#else
+#define MLAG_API
+#endif
+
 #define MLAG_VERSION_MAJOR 0
 #define MLAG_VERSION_MINOR 1
 #define MLAG_VERSION_PATCH 0
@@ -135,33 +143,33 @@ typedef struct mlag_engine_stats {
 } mlag_engine_stats;
 
 /* MLAG_VERSION_CODE of the library linked at run time. */
-int mlag_version(void);
+MLAG_API int mlag_version(void);
 
 /* A static name for `status` ("MLAG_OK", ...); "MLAG_UNKNOWN_STATUS" when out of range. */
-const char* mlag_status_string(mlag_status status);
+MLAG_API const char* mlag_status_string(mlag_status status);
 
 /* The message of this thread's last call that returned mlag_status: "" after
  * a success. Valid until that thread's next such call. */
-const char* mlag_last_error(void);
+MLAG_API const char* mlag_last_error(void);
 
 /* Fills `options` with the defaults: tiny-v3, device "auto", 256 MiB of KV,
  * 64 sequences, 512 batched tokens, blocks of 64, full-decode graphs, prefix
  * caching on, seed 0. */
-mlag_status mlag_engine_options_default(mlag_engine_options* options);
+MLAG_API mlag_status mlag_engine_options_default(mlag_engine_options* options);
 
 /* Fills `params` with greedy sampling: temperature 0, no top-k/top-p cut, no logprobs. */
-mlag_status mlag_sampling_params_default(mlag_sampling_params* params);
+MLAG_API mlag_status mlag_sampling_params_default(mlag_sampling_params* params);
 
 /* Opens the model, sizes the KV pool and captures the graphs; *out receives
  * the engine (NULL on failure). NOT_FOUND for an unknown model, UNAVAILABLE
  * when "cuda" was asked for and no device is usable. */
-mlag_status mlag_engine_create(const mlag_engine_options* options, mlag_engine** out);
+MLAG_API mlag_status mlag_engine_create(const mlag_engine_options* options, mlag_engine** out);
 
 /* Frees the engine and every request in it. NULL is a no-op. */
-mlag_status mlag_engine_destroy(mlag_engine* engine);
+MLAG_API mlag_status mlag_engine_destroy(mlag_engine* engine);
 
 /* The model's vocabulary size and the engine's prompt + output limit in tokens. */
-mlag_status mlag_get_model_limits(const mlag_engine* engine, int* out_vocab_size,
+MLAG_API mlag_status mlag_get_model_limits(const mlag_engine* engine, int* out_vocab_size,
                                   int* out_max_model_len);
 
 /* Queues a request of `prompt_len` tokens generating up to `max_tokens`;
@@ -169,22 +177,22 @@ mlag_status mlag_get_model_limits(const mlag_engine* engine, int* out_vocab_size
  * greedy. *out_request_id receives its id. INVALID_ARGUMENT rejects this
  * request alone (empty prompt, token outside the vocabulary, max_tokens < 1,
  * prompt_len + max_tokens > max_model_len, more KV than the pool holds). */
-mlag_status mlag_add_request(mlag_engine* engine, const int32_t* prompt, size_t prompt_len,
+MLAG_API mlag_status mlag_add_request(mlag_engine* engine, const int32_t* prompt, size_t prompt_len,
                              int max_tokens, const int32_t* stop_ids, size_t num_stop_ids,
                              const mlag_sampling_params* params, int64_t* out_request_id);
 
 /* Runs one scheduling step; *out_num_new_tokens (may be NULL) receives the
  * number of tokens generated in it, over all requests. */
-mlag_status mlag_step(mlag_engine* engine, int* out_num_new_tokens);
+MLAG_API mlag_status mlag_step(mlag_engine* engine, int* out_num_new_tokens);
 
 /* *out = 1 while some request is waiting or running, else 0. */
-mlag_status mlag_has_unfinished(const mlag_engine* engine, int* out);
+MLAG_API mlag_status mlag_has_unfinished(const mlag_engine* engine, int* out);
 
 /* The generated tokens of a request (prompt excluded): copies
  * min(capacity, n) of them to `tokens` (NULL when capacity is 0) and sets
  * *out_num_tokens = n, the full count. out_finished (1 when finished) and
  * out_reason may be NULL. NOT_FOUND for an unknown id. */
-mlag_status mlag_get_output(mlag_engine* engine, int64_t request_id, int32_t* tokens,
+MLAG_API mlag_status mlag_get_output(mlag_engine* engine, int64_t request_id, int32_t* tokens,
                             size_t capacity, size_t* out_num_tokens, int* out_finished,
                             mlag_finish_reason* out_reason);
 
@@ -193,15 +201,15 @@ mlag_status mlag_get_output(mlag_engine* engine, int64_t request_id, int32_t* to
  * and natural-log probabilities (either array may be NULL when capacity is 0)
  * and sets *out_count = K. INVALID_ARGUMENT when the request asked for none or
  * token_index is not yet generated; NOT_FOUND for an unknown id. */
-mlag_status mlag_get_logprobs(mlag_engine* engine, int64_t request_id, size_t token_index,
+MLAG_API mlag_status mlag_get_logprobs(mlag_engine* engine, int64_t request_id, size_t token_index,
                               int32_t* tokens, float* logprobs, size_t capacity, size_t* out_count);
 
 /* Finishes a request with MLAG_FINISH_ABORT and frees its KV blocks; a no-op
  * for a finished request. NOT_FOUND for an unknown id. */
-mlag_status mlag_abort(mlag_engine* engine, int64_t request_id);
+MLAG_API mlag_status mlag_abort(mlag_engine* engine, int64_t request_id);
 
 /* Fills `stats` (whose struct_size the caller sets) with the engine's counters. */
-mlag_status mlag_get_stats(const mlag_engine* engine, mlag_engine_stats* stats);
+MLAG_API mlag_status mlag_get_stats(const mlag_engine* engine, mlag_engine_stats* stats);
 
 #ifdef __cplusplus
 } /* extern "C" */
