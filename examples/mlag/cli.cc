@@ -97,6 +97,10 @@ void EngineFlags::Register(CLI::App* app) {
   app->add_option("--kv-cache-dtype", kv_cache_dtype,
                   "auto (f32, the activations' dtype, on every device), f32 or bf16");
   AddWeightDtype(app, &weight_dtype);
+  app->add_option("--chat-format", chat_format,
+                  "chat format of text prompts: auto (the tokenizer config's, else the model "
+                  "type's), v2 or v3")
+      ->check(CLI::IsMember({"auto", "v2", "v3"}));
   app->add_flag("--trust-weights", trust_weights,
                 "skip the load-time scan that refuses NaN and infinite weights");
 }
@@ -122,6 +126,7 @@ absl::StatusOr<EngineOptions> EngineFlags::ToOptions() const {
   o.kv_cache_dtype = kv_cache_dtype;
   o.weight_dtype = weight_dtype;
   o.trust_weights = trust_weights;
+  o.chat_format = chat_format;
   return o;
 }
 

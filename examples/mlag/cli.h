@@ -50,6 +50,7 @@ struct EngineFlags {
   std::string kv_cache_dtype = "auto";
   std::string weight_dtype = "auto";
   bool trust_weights = false;
+  std::string chat_format = "auto";
 
   void Register(CLI::App* app);
   // The engine options; the values were range-checked while parsing, the

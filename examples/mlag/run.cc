@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "examples/mlag/cli.h"
 #include "examples/mlag/run_report.h"
@@ -24,6 +25,7 @@
 #include "runtime/core/file.h"
 #include "runtime/core/status.h"
 #include "runtime/engine/expert_parallel.h"
+#include "runtime/engine/model_tokenizer.h"
 
 namespace mlag::cli {
 namespace {
@@ -40,6 +42,9 @@ struct RunFlags {
   int shared_prefix_len = 0;
   uint64_t seed = 0;
   std::string prompts_file;
+  std::vector<std::string> prompt_texts;  // --prompt, one request each
+  std::string prompts_text_file;          // --prompts-text: one prompt per line
+  bool chat = false;                      // text prompts as a user's chat message
   int max_tokens = 16;
   float temperature = 0.0f;
   int top_k = 0;
@@ -242,8 +247,78 @@ int Run(const RunFlags& f) {
       }
     }
   }
+  const bool text = !f.prompt_texts.empty() || !f.prompts_text_file.empty();
+  int sources = (f.prompts_file.empty() ? 0 : 1) + (f.prompt_texts.empty() ? 0 : 1) +
+                (f.prompts_text_file.empty() ? 0 : 1);
+  if (sources > 1) {
+    return Fail(absl::InvalidArgumentError(
+        "--prompts, --prompt and --prompts-text are alternatives: give one"));
+  }
+  if (text) {
+    for (const char* flag : {"--num-requests", "--prompt-len", "--shared-prefix-len"}) {
+      if (f.given(flag)) {
+        return Fail(
+            absl::InvalidArgumentError(absl::StrCat(flag, " has no effect with text prompts")));
+      }
+    }
+  } else if (f.chat) {
+    return Fail(absl::InvalidArgumentError("--chat needs --prompt or --prompts-text"));
+  }
   std::vector<std::vector<int32_t>> prompts;
-  if (!f.prompts_file.empty()) {
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::vector<std::string> prompt_texts;
+  if (text) {
+    absl::StatusOr<ModelSource> source = OpenModel(options->model);
+    if (!source.ok()) return Fail(source.status());
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tok =
+        OpenModelTokenizer(options->model, source->config);
+    if (!tok.ok()) {
+      if (absl::IsNotFound(tok.status())) {
+        return Fail(absl::FailedPreconditionError(absl::StrCat(
+            "model ", options->model, " has no tokenizer.json: text prompts need one")));
+      }
+      return Fail(tok.status());
+    }
+    tokenizer = *std::move(tok);
+    if (options->chat_format != "auto") {
+      tokenizer->set_chat_format(*ParseChatFormat(options->chat_format));
+    }
+    prompt_texts = f.prompt_texts;
+    if (!f.prompts_text_file.empty()) {
+      absl::StatusOr<std::string> file = ReadFile(f.prompts_text_file);
+      if (!file.ok()) return Fail(file.status());
+      for (absl::string_view line : absl::StrSplit(*file, '\n', absl::SkipEmpty())) {
+        prompt_texts.emplace_back(absl::StripSuffix(line, "\r"));
+      }
+      if (prompt_texts.empty()) {
+        return Fail(absl::InvalidArgumentError(absl::StrCat(f.prompts_text_file, ": no prompts")));
+      }
+      if (prompt_texts.size() > static_cast<size_t>(kMaxRequests)) {
+        return Fail(absl::InvalidArgumentError(
+            absl::StrCat(f.prompts_text_file, ": more than ", kMaxRequests, " prompts")));
+      }
+    }
+    for (size_t i = 0; i < prompt_texts.size(); ++i) {
+      std::string formatted = prompt_texts[i];
+      bool add_bos = tokenizer->add_bos();
+      if (f.chat) {
+        absl::StatusOr<std::string> chat =
+            tokenizer->FormatChat({ChatMessage{"user", prompt_texts[i]}}, true);
+        if (!chat.ok()) return Fail(chat.status());
+        formatted = *std::move(chat);
+        add_bos = false;  // the format starts with the bos token's text
+      }
+      absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(formatted, add_bos);
+      if (!ids.ok()) {
+        return Fail(absl::Status(ids.status().code(),
+                                 absl::StrCat("prompt ", i + 1, ": ", ids.status().message())));
+      }
+      if (ids->empty()) {
+        return Fail(absl::InvalidArgumentError(absl::StrCat("prompt ", i + 1, " is empty")));
+      }
+      prompts.push_back(*std::move(ids));
+    }
+  } else if (!f.prompts_file.empty()) {
     absl::StatusOr<std::vector<std::vector<int32_t>>> read = ReadPromptsFile(f.prompts_file);
     if (!read.ok()) return Fail(read.status());
     prompts = std::move(*read);
@@ -273,6 +348,12 @@ int Run(const RunFlags& f) {
                               : RunSingle(f, *options, specs, &report);
   if (!ran.ok()) return Fail(ran);
   report.create_seconds = SecondsSince(t_create) - report.run_seconds;
+  if (tokenizer != nullptr) {
+    report.prompt_text = prompt_texts;
+    for (const RequestResult& r : report.requests) {
+      report.output_text.push_back(tokenizer->Decode(r.output_tokens, /*skip_special=*/true));
+    }
+  }
   if (report.model.empty()) {
     absl::StatusOr<ModelSource> source = OpenModel(options->model);
     report.model = source.ok() ? source->description : options->model;
@@ -297,6 +378,12 @@ Command AddRunCommand(CLI::App& app) {
       ->check(Uint64());
   run->add_option("--prompts", f->prompts_file,
                   "file with one request per line: token ids separated by spaces");
+  run->add_option("--prompt", f->prompt_texts,
+                  "a text prompt, encoded by the model's tokenizer (repeatable: a request each)");
+  run->add_option("--prompts-text", f->prompts_text_file,
+                  "file with one text prompt per line, encoded by the model's tokenizer");
+  run->add_flag("--chat", f->chat,
+                "send each text prompt as a user's message in the model's chat format");
   run->add_option("--max-tokens", f->max_tokens, "tokens to generate per request")
       ->check(AtLeast(1));
   run->add_option("--temperature", f->temperature, "0 = greedy")->check(FiniteAtLeast(0));

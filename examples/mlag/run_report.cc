@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "absl/strings/escaping.h"
 #include "nlohmann/json.hpp"
 
 namespace mlag::cli {
@@ -38,8 +39,13 @@ Json RequestJson(const RequestResult& r, bool with_logprobs) {
 void PrintJson(const RunReport& r) {
   Json j;
   j["requests"] = Json::array();
-  for (const RequestResult& q : r.requests)
-    j["requests"].push_back(RequestJson(q, r.with_logprobs));
+  for (size_t i = 0; i < r.requests.size(); ++i) {
+    j["requests"].push_back(RequestJson(r.requests[i], r.with_logprobs));
+    if (i < r.output_text.size()) {
+      j["requests"].back()["prompt_text"] = r.prompt_text[i];
+      j["requests"].back()["output_text"] = r.output_text[i];
+    }
+  }
   Json replays = Json::object();
   for (const auto& [size, count] : r.graph_replays) replays[std::to_string(size)] = count;
   Json s = {{"steps", r.steps},
@@ -86,11 +92,18 @@ void PrintJson(const RunReport& r) {
 }
 
 void PrintText(const RunReport& r) {
-  for (const RequestResult& q : r.requests) {
+  for (size_t i = 0; i < r.requests.size(); ++i) {
+    const RequestResult& q = r.requests[i];
     std::printf("request %lld (%d prompt tokens, %s):", static_cast<long long>(q.id),
                 q.prompt_tokens, std::string(FinishReasonName(q.finish_reason)).c_str());
     for (int32_t t : q.output_tokens) std::printf(" %d", t);
     std::printf("\n");
+    if (i < r.output_text.size()) {
+      // Control characters escaped, UTF-8 kept: one line per text.
+      std::printf("  prompt: \"%s\"\n  output: \"%s\"\n",
+                  absl::Utf8SafeCEscape(r.prompt_text[i]).c_str(),
+                  absl::Utf8SafeCEscape(r.output_text[i]).c_str());
+    }
   }
   std::printf("\nmodel %s", r.model.c_str());
   if (!r.device.empty()) std::printf(" on %s", r.device.c_str());

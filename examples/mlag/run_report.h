@@ -15,6 +15,9 @@ namespace mlag::cli {
 struct RunReport {
   std::vector<RequestResult> requests;  // in id order
   bool with_logprobs = false;
+  // Text prompts (--prompt, --prompts-text): each request's prompt and output
+  // as text, in request order; empty otherwise.
+  std::vector<std::string> prompt_text, output_text;
 
   std::string model;   // description
   std::string device;  // name and why it was chosen (single rank)

@@ -3,6 +3,7 @@
 // Every entry point runs its body inside Guard(): absl::Status errors become
 // an mlag_status plus a thread-local message, and any exception is caught
 // here, so nothing but a status code crosses the boundary.
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <exception>
@@ -498,6 +499,112 @@ mlag_status mlag_get_stats(const mlag_engine* engine, mlag_engine_stats* stats) 
     const size_t n = caller_size < sizeof(full) ? caller_size : sizeof(full);
     full.struct_size = caller_size;
     std::memcpy(stats, &full, n);
+    return Ok();
+  });
+}
+
+mlag_status mlag_tokenize(const mlag_engine* engine, const char* text, size_t text_len, int add_bos,
+                          int32_t* tokens, size_t capacity, size_t* out_num_tokens) {
+  static const char* const fn = "mlag_tokenize";
+  return Guard(fn, [&] {
+    if (mlag_status s = CheckEngine(fn, engine); s != MLAG_OK) return s;
+    MLAG_CAPI_REQUIRE(out_num_tokens, fn);
+    if (text == nullptr && text_len > 0) return Fail(fn, MLAG_INVALID_ARGUMENT, "text is NULL");
+    if (tokens == nullptr && capacity > 0) {
+      return Fail(fn, MLAG_INVALID_ARGUMENT, "tokens is NULL with a nonzero capacity");
+    }
+    absl::StatusOr<const mlag::Tokenizer*> tok = engine->engine->tokenizer();
+    if (!tok.ok()) return FromStatus(fn, tok.status());
+    absl::StatusOr<std::vector<int32_t>> ids =
+        (*tok)->Encode(absl::string_view(text == nullptr ? "" : text, text_len), add_bos != 0);
+    if (!ids.ok()) return FromStatus(fn, ids.status());
+    const size_t n = std::min(capacity, ids->size());
+    if (n > 0) std::memcpy(tokens, ids->data(), n * sizeof(int32_t));
+    *out_num_tokens = ids->size();
+    return Ok();
+  });
+}
+
+mlag_status mlag_detokenize(const mlag_engine* engine, const int32_t* tokens, size_t num_tokens,
+                            int skip_special, char* text, size_t capacity, size_t* out_len) {
+  static const char* const fn = "mlag_detokenize";
+  return Guard(fn, [&] {
+    if (mlag_status s = CheckEngine(fn, engine); s != MLAG_OK) return s;
+    MLAG_CAPI_REQUIRE(out_len, fn);
+    if (tokens == nullptr && num_tokens > 0) {
+      return Fail(fn, MLAG_INVALID_ARGUMENT, "tokens is NULL");
+    }
+    if (text == nullptr && capacity > 0) {
+      return Fail(fn, MLAG_INVALID_ARGUMENT, "text is NULL with a nonzero capacity");
+    }
+    absl::StatusOr<const mlag::Tokenizer*> tok = engine->engine->tokenizer();
+    if (!tok.ok()) return FromStatus(fn, tok.status());
+    const std::string out =
+        (*tok)->Decode(absl::Span<const int32_t>(tokens, num_tokens), skip_special != 0);
+    if (capacity > 0) {
+      const size_t n = std::min(capacity - 1, out.size());
+      std::memcpy(text, out.data(), n);
+      text[n] = '\0';
+    }
+    *out_len = out.size();
+    return Ok();
+  });
+}
+
+}  // extern "C"
+
+struct mlag_detokenizer {
+  mlag::IncrementalDetokenizer stream;
+  std::string last;  // what the last push or finish returned
+};
+
+extern "C" {
+
+mlag_status mlag_detokenizer_create(const mlag_engine* engine, int skip_special,
+                                    mlag_detokenizer** out) {
+  static const char* const fn = "mlag_detokenizer_create";
+  return Guard(fn, [&] {
+    if (mlag_status s = CheckEngine(fn, engine); s != MLAG_OK) return s;
+    MLAG_CAPI_REQUIRE(out, fn);
+    absl::StatusOr<const mlag::Tokenizer*> tok = engine->engine->tokenizer();
+    if (!tok.ok()) return FromStatus(fn, tok.status());
+    *out = new mlag_detokenizer{mlag::IncrementalDetokenizer(*tok, skip_special != 0), ""};
+    return Ok();
+  });
+}
+
+mlag_status mlag_detokenizer_push(mlag_detokenizer* detokenizer, int32_t token,
+                                  const char** out_text, size_t* out_len) {
+  static const char* const fn = "mlag_detokenizer_push";
+  return Guard(fn, [&] {
+    MLAG_CAPI_REQUIRE(detokenizer, fn);
+    MLAG_CAPI_REQUIRE(out_text, fn);
+    MLAG_CAPI_REQUIRE(out_len, fn);
+    detokenizer->last = detokenizer->stream.Push(token);
+    *out_text = detokenizer->last.c_str();
+    *out_len = detokenizer->last.size();
+    return Ok();
+  });
+}
+
+mlag_status mlag_detokenizer_finish(mlag_detokenizer* detokenizer, const char** out_text,
+                                    size_t* out_len) {
+  static const char* const fn = "mlag_detokenizer_finish";
+  return Guard(fn, [&] {
+    MLAG_CAPI_REQUIRE(detokenizer, fn);
+    MLAG_CAPI_REQUIRE(out_text, fn);
+    MLAG_CAPI_REQUIRE(out_len, fn);
+    detokenizer->last = detokenizer->stream.Finish();
+    *out_text = detokenizer->last.c_str();
+    *out_len = detokenizer->last.size();
+    return Ok();
+  });
+}
+
+mlag_status mlag_detokenizer_destroy(mlag_detokenizer* detokenizer) {
+  static const char* const fn = "mlag_detokenizer_destroy";
+  return Guard(fn, [&] {
+    delete detokenizer;  // NULL is a no-op
     return Ok();
   });
 }

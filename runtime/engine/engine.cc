@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "runtime/core/status.h"
+#include "runtime/engine/model_tokenizer.h"
 
 namespace mlag {
 
@@ -33,6 +34,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   e->open_model_seconds_ = absl::ToDoubleSeconds(absl::Now() - t_open);
   source.weights->SetScanNonFinite(!options.trust_weights);
   e->description_ = source.description;
+  e->model_config_ = source.config;
+  if (options.chat_format != "auto") {
+    MLAG_RETURN_IF_ERROR(ParseChatFormat(options.chat_format).status());
+  }
   const ModelConfig& mc = source.config;
   e->max_model_len_ = options.max_model_len > 0 ? options.max_model_len
                                                 : std::min(mc.max_position_embeddings, 4096);
@@ -99,6 +104,24 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   sc.max_num_batched_tokens = options.max_num_batched_tokens;
   e->scheduler_ = std::make_unique<Scheduler>(sc, e->kv_.get());
   return e;
+}
+
+absl::StatusOr<const Tokenizer*> Engine::tokenizer() const {
+  std::lock_guard<std::mutex> lock(tokenizer_mu_);
+  if (!tokenizer_loaded_) {
+    tokenizer_loaded_ = true;
+    tokenizer_ = OpenModelTokenizer(options_.model, model_config_);
+    if (!tokenizer_.ok() && absl::IsNotFound(tokenizer_.status())) {
+      tokenizer_ = absl::FailedPreconditionError(
+          absl::StrCat("model ", options_.model,
+                       " has no tokenizer.json: text needs one (token ids work without)"));
+    }
+    if (tokenizer_.ok() && options_.chat_format != "auto") {
+      (*tokenizer_)->set_chat_format(*ParseChatFormat(options_.chat_format));
+    }
+  }
+  if (!tokenizer_.ok()) return tokenizer_.status();
+  return tokenizer_->get();
 }
 
 absl::StatusOr<RequestId> Engine::AddRequest(const RequestSpec& spec) {

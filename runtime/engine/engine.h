@@ -17,6 +17,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,7 @@
 #include "runtime/engine/model_runner.h"
 #include "runtime/engine/request.h"
 #include "runtime/engine/scheduler.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace mlag {
 
@@ -53,6 +55,9 @@ struct EngineOptions {
   std::vector<int> capture_sizes;  // empty: the default list
   bool enable_prefix_caching = true;
   std::vector<int> local_experts;  // empty: every routed expert
+  // The chat format of text prompts: "auto" (from the tokenizer config, else
+  // the model type), "v2" or "v3".
+  std::string chat_format = "auto";
   // Expert parallelism: the group this rank's MoE layers dispatch over
   // (nullptr: none), and the largest group it will ever join. With a group,
   // every Step is taken in lockstep with the other ranks (see Step).
@@ -158,6 +163,12 @@ class Engine {
   Device& device() { return *device_; }
   const std::string& model_description() const { return description_; }
 
+  // The model's tokenizer (runtime/engine/model_tokenizer.h), loaded on the
+  // first call and kept. FailedPrecondition naming the model when it has no
+  // tokenizer.json; the load's error when the file is malformed. Safe to call
+  // from several threads.
+  absl::StatusOr<const Tokenizer*> tokenizer() const;
+
  private:
   Engine() = default;
 
@@ -171,6 +182,11 @@ class Engine {
   int max_model_len_ = 0;
   int64_t steps_ = 0;
   double open_model_seconds_ = 0.0;  // Create: OpenModel
+  ModelConfig model_config_;         // as opened (for the tokenizer)
+  // Loaded on the first tokenizer() call.
+  mutable std::mutex tokenizer_mu_;
+  mutable bool tokenizer_loaded_ = false;
+  mutable absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer_{nullptr};
   std::string description_;
 };
 

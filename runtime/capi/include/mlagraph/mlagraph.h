@@ -170,7 +170,7 @@ MLAG_API mlag_status mlag_engine_destroy(mlag_engine* engine);
 
 /* The model's vocabulary size and the engine's prompt + output limit in tokens. */
 MLAG_API mlag_status mlag_get_model_limits(const mlag_engine* engine, int* out_vocab_size,
-                                  int* out_max_model_len);
+                                           int* out_max_model_len);
 
 /* Queues a request of `prompt_len` tokens generating up to `max_tokens`;
  * stop_ids (may be NULL when num_stop_ids is 0) end it early; params NULL:
@@ -178,8 +178,8 @@ MLAG_API mlag_status mlag_get_model_limits(const mlag_engine* engine, int* out_v
  * request alone (empty prompt, token outside the vocabulary, max_tokens < 1,
  * prompt_len + max_tokens > max_model_len, more KV than the pool holds). */
 MLAG_API mlag_status mlag_add_request(mlag_engine* engine, const int32_t* prompt, size_t prompt_len,
-                             int max_tokens, const int32_t* stop_ids, size_t num_stop_ids,
-                             const mlag_sampling_params* params, int64_t* out_request_id);
+                                      int max_tokens, const int32_t* stop_ids, size_t num_stop_ids,
+                                      const mlag_sampling_params* params, int64_t* out_request_id);
 
 /* Runs one scheduling step; *out_num_new_tokens (may be NULL) receives the
  * number of tokens generated in it, over all requests. */
@@ -193,8 +193,8 @@ MLAG_API mlag_status mlag_has_unfinished(const mlag_engine* engine, int* out);
  * *out_num_tokens = n, the full count. out_finished (1 when finished) and
  * out_reason may be NULL. NOT_FOUND for an unknown id. */
 MLAG_API mlag_status mlag_get_output(mlag_engine* engine, int64_t request_id, int32_t* tokens,
-                            size_t capacity, size_t* out_num_tokens, int* out_finished,
-                            mlag_finish_reason* out_reason);
+                                     size_t capacity, size_t* out_num_tokens, int* out_finished,
+                                     mlag_finish_reason* out_reason);
 
 /* The top-K alternatives of generated token `token_index` of a request that
  * asked for K logprobs, most likely first: copies min(capacity, K) token ids
@@ -202,7 +202,8 @@ MLAG_API mlag_status mlag_get_output(mlag_engine* engine, int64_t request_id, in
  * and sets *out_count = K. INVALID_ARGUMENT when the request asked for none or
  * token_index is not yet generated; NOT_FOUND for an unknown id. */
 MLAG_API mlag_status mlag_get_logprobs(mlag_engine* engine, int64_t request_id, size_t token_index,
-                              int32_t* tokens, float* logprobs, size_t capacity, size_t* out_count);
+                                       int32_t* tokens, float* logprobs, size_t capacity,
+                                       size_t* out_count);
 
 /* Finishes a request with MLAG_FINISH_ABORT and frees its KV blocks; a no-op
  * for a finished request. NOT_FOUND for an unknown id. */
@@ -210,6 +211,42 @@ MLAG_API mlag_status mlag_abort(mlag_engine* engine, int64_t request_id);
 
 /* Fills `stats` (whose struct_size the caller sets) with the engine's counters. */
 MLAG_API mlag_status mlag_get_stats(const mlag_engine* engine, mlag_engine_stats* stats);
+
+/* ---- Text, through the model's tokenizer.json ------------------------------
+ * A checkpoint directory's own tokenizer.json (+ tokenizer_config.json), or
+ * the built-in models' byte-level BPE. MLAG_UNAVAILABLE when the model has no
+ * tokenizer.json; the first call loads it. */
+
+/* The token ids of `text` (text_len bytes of UTF-8; INVALID_ARGUMENT
+ * otherwise), with the bos token first when add_bos is nonzero and the
+ * tokenizer has one. Copies min(capacity, n) ids to `tokens` (NULL when
+ * capacity is 0) and sets *out_num_tokens = n: call with capacity 0 to size. */
+MLAG_API mlag_status mlag_tokenize(const mlag_engine* engine, const char* text, size_t text_len,
+                                   int add_bos, int32_t* tokens, size_t capacity,
+                                   size_t* out_num_tokens);
+
+/* The text of `tokens` (invalid UTF-8 replaced by U+FFFD; special tokens left
+ * out when skip_special is nonzero). Writes min(capacity - 1, len) bytes and a
+ * NUL to `text` when capacity > 0, and sets *out_len = len (NUL excluded). */
+MLAG_API mlag_status mlag_detokenize(const mlag_engine* engine, const int32_t* tokens,
+                                     size_t num_tokens, int skip_special, char* text,
+                                     size_t capacity, size_t* out_len);
+
+/* Incremental detokenization for streams: push each generated token, get the
+ * text it completes (whole UTF-8 characters only; a character split across
+ * tokens appears with its last byte). The concatenation of every push and the
+ * finish equals mlag_detokenize of all the tokens. The text pointer stays
+ * valid until the next call on this detokenizer. It refers to its engine,
+ * which must outlive it. */
+typedef struct mlag_detokenizer mlag_detokenizer;
+MLAG_API mlag_status mlag_detokenizer_create(const mlag_engine* engine, int skip_special,
+                                             mlag_detokenizer** out);
+MLAG_API mlag_status mlag_detokenizer_push(mlag_detokenizer* detokenizer, int32_t token,
+                                           const char** out_text, size_t* out_len);
+/* What is still held back (an unfinished character, as U+FFFD); resets. */
+MLAG_API mlag_status mlag_detokenizer_finish(mlag_detokenizer* detokenizer, const char** out_text,
+                                             size_t* out_len);
+MLAG_API mlag_status mlag_detokenizer_destroy(mlag_detokenizer* detokenizer);
 
 #ifdef __cplusplus
 } /* extern "C" */
