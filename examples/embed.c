@@ -3,9 +3,8 @@
  *
  * Usage: embed [MODEL]   (MODEL: a built-in name or a checkpoint
  * directory; default tiny-v3). */
-#include <stdio.h>
-
 #include <mlagraph/mlagraph.h>
+#include <stdio.h>
 
 /* Prints the library's message (it names the failed function); 1 on failure. */
 static int failed(mlag_status status) {

@@ -625,6 +625,45 @@ static void test_seeded_sampling(mlag_engine* engine, const reference* ref) {
   CHECK(na == 8 && nb == 8 && memcmp(out_a, out_b, na * sizeof(int32_t)) == 0);
 }
 
+/* Text through the model's tokenizer: tokenize, detokenize (sizing with
+ * capacity 0, truncation with a NUL), and the incremental detokenizer giving
+ * the same text a piece at a time; NULL arguments are errors. */
+static void test_text(mlag_engine* engine) {
+  const char* text = "Hello, world! \xE4\xB8\xAD\xE6\x96\x87 text";
+  int32_t ids[64];
+  size_t n = 0, m = 0, len = 0, i;
+  char out[128], small[6];
+  mlag_detokenizer* d = NULL;
+  const char* piece = NULL;
+  char streamed[128] = "";
+  CHECK_STATUS(mlag_tokenize(engine, text, strlen(text), 1, NULL, 0, &n), MLAG_OK);
+  CHECK(n > 2 && n < 64);
+  CHECK_STATUS(mlag_tokenize(engine, text, strlen(text), 1, ids, 64, &m), MLAG_OK);
+  CHECK(m == n);
+  CHECK_STATUS(mlag_detokenize(engine, ids, n, 1, out, sizeof(out), &len), MLAG_OK);
+  CHECK(len == strlen(text) && strcmp(out, text) == 0);
+  CHECK_STATUS(mlag_detokenize(engine, ids, n, 1, small, sizeof(small), &len), MLAG_OK);
+  CHECK(len == strlen(text) && strlen(small) == sizeof(small) - 1);
+  CHECK_STATUS(mlag_detokenizer_create(engine, 1, &d), MLAG_OK);
+  for (i = 0; d != NULL && i < n; ++i) {
+    CHECK_STATUS(mlag_detokenizer_push(d, ids[i], &piece, &len), MLAG_OK);
+    CHECK(strlen(piece) == len && strlen(streamed) + len < sizeof(streamed));
+    strcat(streamed, piece);
+  }
+  if (d != NULL) {
+    CHECK_STATUS(mlag_detokenizer_finish(d, &piece, &len), MLAG_OK);
+    CHECK(len == 0);
+  }
+  CHECK(strcmp(streamed, text) == 0);
+  CHECK_STATUS(mlag_detokenizer_destroy(d), MLAG_OK);
+  CHECK_STATUS(mlag_tokenize(engine, "\xC3\x28", 2, 0, ids, 64, &n), MLAG_INVALID_ARGUMENT);
+  check_error_mentions("UTF-8", __LINE__);
+  CHECK_STATUS(mlag_tokenize(engine, NULL, 3, 0, ids, 64, &n), MLAG_INVALID_ARGUMENT);
+  CHECK_STATUS(mlag_detokenize(engine, ids, 1, 0, NULL, 4, &len), MLAG_INVALID_ARGUMENT);
+  CHECK_STATUS(mlag_detokenizer_push(NULL, 1, &piece, &len), MLAG_INVALID_ARGUMENT);
+  CHECK_STATUS(mlag_detokenizer_destroy(NULL), MLAG_OK);
+}
+
 int main(int argc, char** argv) {
   reference ref;
   mlag_engine_options o;
@@ -654,6 +693,7 @@ int main(int argc, char** argv) {
     test_logprobs(graphs, &ref);
     test_abort_and_stop(graphs, &ref);
     test_seeded_sampling(graphs, &ref);
+    test_text(graphs);
   }
   CHECK_STATUS(mlag_engine_destroy(graphs), MLAG_OK);
   CHECK_STATUS(mlag_engine_destroy(eager), MLAG_OK);

@@ -104,6 +104,20 @@ if "$MLAG" export --model tiny-v2 --out "$TMP/tiny-v2" >/dev/null; then ok; else
 "$MLAG" run --model "$TMP/tiny-v2" --num-requests 3 --prompt-len 9 --max-tokens 4 --json >"$TMP/b.json"
 if [ -n "$(tokens "$TMP/a.json")" ] && [ "$(tokens "$TMP/a.json")" = "$(tokens "$TMP/b.json")" ]; then ok; else bad "exported model differs"; fi
 
+# Text: export writes a tokenizer, and run --prompt prints text beside the ids.
+if "$MLAG" export --model tiny-v3 --out "$TMP/text" >/dev/null && [ -s "$TMP/text/tokenizer.json" ] &&
+   [ -s "$TMP/text/tokenizer_config.json" ]; then ok; else bad "export wrote no tokenizer"; fi
+"$MLAG" run --model "$TMP/text" --prompt "Hello, world" --max-tokens 8 >"$TMP/text.out" 2>"$TMP/err"
+if grep -q '^  prompt: "Hello, world"$' "$TMP/text.out" && grep -q '^  output: "' "$TMP/text.out"; then ok; else bad "run --prompt printed no text: $(cat "$TMP/text.out" "$TMP/err")"; fi
+"$MLAG" run --model "$TMP/text" --prompt "Hello, world" --max-tokens 8 --json >"$TMP/text.json"
+if python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["requests"][0]; assert r["prompt_text"]=="Hello, world" and isinstance(r["output_text"], str) and len(r["output_tokens"])==8, r' "$TMP/text.json"; then ok; else bad "run --prompt JSON"; fi
+if "$MLAG" run --model tiny-v2 --prompt "hi" --chat --max-tokens 4 >/dev/null; then ok; else bad "run --chat"; fi
+expect_usage_error "alternatives" run --model tiny-v3 --prompt "a" --prompts "$TMP/bad_prompts"
+expect_usage_error "no effect with text prompts" run --model tiny-v3 --prompt "a" --num-requests 2
+expect_usage_error "--chat needs" run --model tiny-v3 --chat
+rm -f "$TMP/text/tokenizer.json"
+expect_usage_error "no tokenizer.json" run --model "$TMP/text" --prompt "a"
+
 # mlag bench prints JSON with positive byte counts and measured ceilings,
 # prefill per length, and (--contend) the figures with a busy thread beside.
 if "$MLAG" bench --model tiny-v3 --batch-sizes 1,8 --steps 2 --prefill-lens 40,16 --contend 1 --bandwidth-gib 0.25 --json >"$TMP/bench.json" 2>"$TMP/err"; then ok; else bad "bench failed: $(cat "$TMP/err")"; fi
@@ -203,10 +217,11 @@ PY
   expect_usage_error "model.layers.1.mlp.experts.3.down_proj.weight" run --model "$TMP/inf" --num-requests 1 --max-tokens 2
   if "$MLAG" run --model "$TMP/inf" --num-requests 1 --max-tokens 2 --trust-weights >/dev/null 2>&1; then ok; else bad "--trust-weights"; fi
   # A failed export into an existing checkpoint leaves it as it was.
-  before=$(cat "$TMP/ck/config.json" "$TMP/ck/model.safetensors" | md5sum)
+  before=$(cat "$TMP/ck"/* | md5sum)
+  files_before=$(ls "$TMP/ck")
   "$MLAG" export --model "$TMP/inf" --weight-dtype f32 --out "$TMP/ck" >/dev/null 2>&1
-  if [ $? -eq 2 ] && [ "$(cat "$TMP/ck/config.json" "$TMP/ck/model.safetensors" | md5sum)" = "$before" ] &&
-     [ -z "$(ls "$TMP/ck" | grep -v '^config.json$' | grep -v '^model.safetensors$')" ]; then
+  if [ $? -eq 2 ] && [ "$(cat "$TMP/ck"/* | md5sum)" = "$before" ] &&
+     [ "$(ls "$TMP/ck")" = "$files_before" ]; then
     ok
   else
     bad "a failed export changed the checkpoint: $(ls "$TMP/ck")"

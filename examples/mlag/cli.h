@@ -72,5 +72,6 @@ Command AddGraphsCommand(CLI::App& app);
 Command AddBenchCommand(CLI::App& app);
 Command AddExportCommand(CLI::App& app);
 Command AddInfoCommand(CLI::App& app);
+Command AddServeCommand(CLI::App& app);
 
 }  // namespace mlag::cli

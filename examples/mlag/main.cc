@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   const std::vector<mlag::cli::Command> commands = {
       mlag::cli::AddRunCommand(app),   mlag::cli::AddGraphsCommand(app),
       mlag::cli::AddBenchCommand(app), mlag::cli::AddExportCommand(app),
-      mlag::cli::AddInfoCommand(app),
+      mlag::cli::AddInfoCommand(app),  mlag::cli::AddServeCommand(app),
   };
   try {
     app.parse(argc, argv);

@@ -289,6 +289,16 @@ absl::Status Engine::Abort(RequestId id) {
   return absl::OkStatus();
 }
 
+absl::Status Engine::Release(RequestId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("no request ", id));
+  if (!it->second->finished()) {
+    return absl::FailedPreconditionError(absl::StrCat("request ", id, " has not finished"));
+  }
+  requests_.erase(it);
+  return absl::OkStatus();
+}
+
 const Request* Engine::request(RequestId id) const {
   auto it = requests_.find(id);
   return it == requests_.end() ? nullptr : it->second.get();

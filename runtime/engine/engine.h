@@ -151,6 +151,11 @@ class Engine {
   // Finishes a request with reason "abort" and frees its blocks.
   absl::Status Abort(RequestId id);
 
+  // Forgets a finished request (its record, tokens and logprobs), for a
+  // long-running server. NotFound for an unknown id; FailedPrecondition for
+  // one that has not finished.
+  absl::Status Release(RequestId id);
+
   bool HasUnfinished() const { return scheduler_->HasUnfinished(); }
   const Request* request(RequestId id) const;
   std::vector<RequestId> request_ids() const;

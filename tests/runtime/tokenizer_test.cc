@@ -20,8 +20,8 @@
 namespace mlag {
 namespace {
 
-using ::testing::HasSubstr;
 using ::mlag::testing::StatusIs;
+using ::testing::HasSubstr;
 
 std::string DataPath(const std::string& name) {
   return std::string(MLAG_TEST_DATA_DIR) + "/tokenizer/" + name;
