@@ -1,7 +1,9 @@
 // mlag serve: the OpenAI HTTP API over one engine (runtime/engine/async_engine.h),
-// concurrent clients batched by the engine's continuous batching.
+// or a world of expert-parallel host thread ranks (--ep N); concurrent
+// clients batched by the engine's continuous batching.
 //
-//   mlag serve --model M [--host 127.0.0.1] [--port 8000] [--max-pending N] [engine flags]
+//   mlag serve --model M [--host 127.0.0.1] [--port 8000] [--max-pending N] [--ep N]
+//              [engine flags]
 //
 // Endpoints: GET /health, GET /v1/models, GET /metrics (Prometheus text),
 // POST /v1/completions and POST /v1/chat/completions, with "stream": true as
@@ -41,6 +43,7 @@ struct ServeFlags {
   int port = 8000;
   int max_pending = 256;
   int threads = 0;  // HTTP worker threads; 0: max_pending + 8
+  int ep = 0;       // expert-parallel host thread ranks; 0: off
 };
 
 // Keys of the JSON this server writes are ASCII; text may hold invalid UTF-8
@@ -304,19 +307,19 @@ class Server {
            {{"", static_cast<double>(m.generation_tokens)}});
     metric("mlag_step_seconds", "summary", "Engine step latency.",
            {{"_sum", m.step_seconds_sum}, {"_count", static_cast<double>(m.steps)}});
-    int64_t replays = 0;
-    for (const auto& [size, count] : m.engine.graph_replays) replays += count;
+    const double replays = static_cast<double>(m.graph_replays);
     metric("mlag_graph_replays_total", "counter", "Decode steps run as a graph replay.",
-           {{"", static_cast<double>(replays)}});
+           {{"", replays}});
     metric("mlag_kv_blocks", "gauge", "KV cache blocks.",
-           {{"{state=\"used\"}", static_cast<double>(m.engine.kv_blocks_used)},
-            {"{state=\"total\"}", static_cast<double>(m.engine.kv_blocks_total)}});
+           {{"{state=\"used\"}", static_cast<double>(m.kv_blocks_used)},
+            {"{state=\"total\"}", static_cast<double>(m.kv_blocks_total)}});
     metric("mlag_kv_usage_ratio", "gauge", "Fraction of KV blocks in use.",
-           {{"", m.engine.kv_blocks_total > 0
-                     ? static_cast<double>(m.engine.kv_blocks_used) / m.engine.kv_blocks_total
-                     : 0.0}});
+           {{"", m.kv_blocks_total > 0 ? static_cast<double>(m.kv_blocks_used) / m.kv_blocks_total
+                                       : 0.0}});
     metric("mlag_prefix_cache_hit_rate", "gauge", "Prompt tokens found in the prefix cache.",
-           {{"", m.engine.prefix_cache_hit_rate}});
+           {{"", m.prefix_queried_tokens > 0
+                     ? static_cast<double>(m.prefix_hit_tokens) / m.prefix_queried_tokens
+                     : 0.0}});
     return out;
   }
 
@@ -533,7 +536,7 @@ int Serve(const ServeFlags& f) {
   if (!options.ok()) return Fail(options.status());
   // A batch as large as the number of clients served at once.
   absl::StatusOr<std::unique_ptr<AsyncEngine>> engine =
-      AsyncEngine::Create(*options, f.max_pending);
+      AsyncEngine::Create(*options, f.max_pending, f.ep);
   if (!engine.ok()) return Fail(engine.status());
   std::fprintf(stderr, "mlag serve: %s on %s, max_model_len %d\n",
                (*engine)->model_description().c_str(), (*engine)->device_name().c_str(),
@@ -574,6 +577,11 @@ Command AddServeCommand(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 16));
   serve->add_option("--http-threads", f->threads, "HTTP worker threads (default max-pending + 8)")
       ->check(CLI::Range(0, 1 << 16));
+  serve
+      ->add_option("--ep", f->ep,
+                   "expert-parallel ranks, as host threads in this process (0: off); "
+                   "requests go to the ranks in turn")
+      ->check(CLI::Range(0, 1024));
   f->app = serve;
   return {serve, [f] { return Serve(*f); }};
 }

@@ -2,10 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <future>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "comm/local_communicator.h"
+#include "kernels/host/thread_pool.h"
 #include "runtime/core/status.h"
+#include "runtime/engine/expert_parallel.h"
 
 namespace mlag {
 
@@ -37,19 +41,78 @@ bool RequestStream::Wait(Update* out, absl::Duration timeout) {
 }
 
 absl::StatusOr<std::unique_ptr<AsyncEngine>> AsyncEngine::Create(const EngineOptions& options,
-                                                                 int max_pending) {
+                                                                 int max_pending, int ep_ranks) {
   if (max_pending < 1) return absl::InvalidArgumentError("max_pending must be at least 1");
+  if (ep_ranks < 0 || ep_ranks > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert-parallel ranks must be in [0, 1024], got ", ep_ranks));
+  }
   std::unique_ptr<AsyncEngine> a(new AsyncEngine());
-  MLAG_ASSIGN_OR_RETURN(a->engine_, Engine::Create(options));
-  absl::StatusOr<const Tokenizer*> tok = a->engine_->tokenizer();
+  a->max_pending_ = max_pending;
+  const int n = std::max(1, ep_ranks);
+  EngineOptions o = options;
+  EpOptions ep;
+  std::vector<std::unique_ptr<Communicator>> worlds;
+  if (n > 1) {
+    if (o.device != "auto" && o.device != "host") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "expert parallelism in one process runs its ranks on the host, not on ", o.device));
+    }
+    o.device = "host";
+    ep.world = n;
+    worlds = LocalCommunicator::CreateGroup(n, ep.peer_timeout);
+  }
+  for (int r = 0; r < n; ++r) {
+    a->ranks_.push_back(std::make_unique<Rank>());
+    if (n > 1) a->ranks_.back()->world = std::move(worlds[r]);
+  }
+  // Each engine is built on the thread that then steps it: a CUDA device is
+  // current on the thread that made it, and the ranks of an expert-parallel
+  // world capture their graphs in lockstep.
+  std::vector<std::promise<absl::Status>> ready(n);
+  const int threads_per_rank = std::max(1, host::NumThreads() / n);
+  for (int r = 0; r < n; ++r) {
+    Rank* rank = a->ranks_[r].get();
+    std::promise<absl::Status>* promise = &ready[r];
+    rank->thread = std::thread([raw = a.get(), rank, promise, o, ep, n, threads_per_rank] {
+      absl::Status status = [&]() -> absl::Status {
+        if (n > 1) {
+          host::SetNumThreads(threads_per_rank);  // the ranks share the cores
+          MLAG_ASSIGN_OR_RETURN(rank->ep, EpRank::Create(rank->world.get(), o, ep));
+          rank->engine = &rank->ep->engine();
+        } else {
+          MLAG_ASSIGN_OR_RETURN(rank->own_engine, Engine::Create(o));
+          rank->engine = rank->own_engine.get();
+        }
+        return absl::OkStatus();
+      }();
+      const bool ok = status.ok();
+      promise->set_value(std::move(status));
+      if (ok) raw->Loop(*rank);
+    });
+  }
+  absl::Status status;
+  for (auto& p : ready) {
+    absl::Status s = p.get_future().get();
+    if (status.ok() && !s.ok()) status = s;
+  }
+  if (!status.ok()) {
+    // Ranks that did start stop at their first agreement (stop_ is set).
+    {
+      std::lock_guard<std::mutex> lock(a->mu_);
+      a->stop_ = true;
+    }
+    for (auto& rank : a->ranks_) {
+      if (rank->world != nullptr) rank->world->Abort(status);
+    }
+    return status;  // the destructor joins the threads
+  }
+  absl::StatusOr<const Tokenizer*> tok = a->front().tokenizer();
   if (tok.ok()) {
     a->tokenizer_ = *tok;
   } else if (!absl::IsFailedPrecondition(tok.status())) {
     return tok.status();  // a malformed tokenizer.json (none at all is fine)
   }
-  a->max_pending_ = max_pending;
-  a->metrics_.engine = a->engine_->Stats();
-  a->thread_ = std::thread([raw = a.get()] { raw->Loop(); });
   return a;
 }
 
@@ -59,12 +122,20 @@ AsyncEngine::~AsyncEngine() {
     stop_ = true;
   }
   wake_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  for (auto& rank : ranks_) {
+    if (rank->thread.joinable()) rank->thread.join();
+  }
+}
+
+std::string AsyncEngine::device_name() const {
+  std::string name = ranks_.front()->engine->device().name();
+  if (ranks_.size() > 1) absl::StrAppend(&name, ", ", ranks_.size(), " expert-parallel ranks");
+  return name;
 }
 
 absl::StatusOr<std::shared_ptr<RequestStream>> AsyncEngine::Submit(
     const RequestSpec& spec, std::vector<std::string> stop_strings) {
-  MLAG_RETURN_IF_ERROR(engine_->ValidateRequest(spec));  // reads only fixed limits
+  MLAG_RETURN_IF_ERROR(front().ValidateRequest(spec));  // reads only fixed limits
   auto stream = std::make_shared<RequestStream>();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -76,7 +147,8 @@ absl::StatusOr<std::shared_ptr<RequestStream>> AsyncEngine::Submit(
     }
     ++in_flight_;
     ++metrics_.pending;
-    queue_.push_back({spec, std::move(stop_strings), stream});
+    Rank& rank = *ranks_[next_rank_++ % ranks_.size()];
+    rank.queue.push_back({spec, std::move(stop_strings), stream});
   }
   wake_.notify_all();
   return stream;
@@ -84,15 +156,25 @@ absl::StatusOr<std::shared_ptr<RequestStream>> AsyncEngine::Submit(
 
 AsyncEngineMetrics AsyncEngine::metrics() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return metrics_;
+  AsyncEngineMetrics m = metrics_;
+  m.kv_blocks_used = m.kv_blocks_total = m.graph_replays = 0;
+  m.prefix_hit_tokens = m.prefix_queried_tokens = 0;
+  for (const auto& rank : ranks_) {
+    m.kv_blocks_used += rank->stats.kv_blocks_used;
+    m.kv_blocks_total += rank->stats.kv_blocks_total;
+    for (const auto& [size, count] : rank->stats.graph_replays) m.graph_replays += count;
+    m.prefix_hit_tokens += rank->prefix_hit_tokens;
+    m.prefix_queried_tokens += rank->prefix_queried_tokens;
+  }
+  return m;
 }
 
-void AsyncEngine::Admit() {
+void AsyncEngine::Admit(Rank& rank) {
   std::deque<Submission> batch;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    batch.swap(queue_);
-    metrics_.pending = 0;
+    batch.swap(rank.queue);
+    metrics_.pending -= static_cast<int64_t>(batch.size());
   }
   for (Submission& s : batch) {
     auto live = std::make_unique<Live>();
@@ -105,21 +187,20 @@ void AsyncEngine::Admit() {
       live->detokenizer = std::make_unique<IncrementalDetokenizer>(tokenizer_, true);
     }
     live->prompt_tokens = static_cast<int>(s.spec.prompt.size());
-    absl::StatusOr<RequestId> id = engine_->AddRequest(s.spec);
+    absl::StatusOr<RequestId> id = rank.engine->AddRequest(s.spec);
     if (!id.ok()) {
-      Finish(-1, *live, FinishReason::kNone, id.status());
+      Finish(rank, -1, *live, FinishReason::kNone, id.status());
       continue;
     }
-    live_[*id] = std::move(live);
+    rank.live[*id] = std::move(live);
   }
 }
 
 // Hands the stream its new token and the text that can be shown: all of it,
 // less the last longest_stop - 1 bytes while a stop string could still
 // begin there (cut back to a character boundary).
-void AsyncEngine::Deliver(RequestId id, Live& live, const StepOutput& out) {
-  (void)out;
-  const Request* r = engine_->request(id);
+void AsyncEngine::Deliver(Rank& rank, RequestId id, Live& live) {
+  const Request* r = rank.engine->request(id);
   const int32_t token = r->tokens.back();
   ++live.completion_tokens;
   size_t show = live.emitted;
@@ -156,7 +237,8 @@ void AsyncEngine::Deliver(RequestId id, Live& live, const StepOutput& out) {
   s.cv_.notify_all();
 }
 
-void AsyncEngine::Finish(RequestId id, Live& live, FinishReason reason, const absl::Status& error) {
+void AsyncEngine::Finish(Rank& rank, RequestId id, Live& live, FinishReason reason,
+                         const absl::Status& error) {
   RequestStream& s = *live.stream;
   {
     std::lock_guard<std::mutex> lock(s.mu_);
@@ -173,6 +255,7 @@ void AsyncEngine::Finish(RequestId id, Live& live, FinishReason reason, const ab
     s.news_ = true;
   }
   s.cv_.notify_all();
+  if (id >= 0) rank.engine->Release(id).IgnoreError();  // finished by now: cannot fail
   std::lock_guard<std::mutex> lock(mu_);
   --in_flight_;
   if (!error.ok()) {
@@ -184,91 +267,117 @@ void AsyncEngine::Finish(RequestId id, Live& live, FinishReason reason, const ab
   }
   metrics_.prompt_tokens += live.prompt_tokens;
   metrics_.generation_tokens += live.completion_tokens;
-  if (id >= 0) engine_->Release(id).IgnoreError();  // finished by now: cannot fail
 }
 
-void AsyncEngine::Loop() {
+absl::StatusOr<bool> AsyncEngine::AnyRankBusy(Rank& rank, bool busy) {
+  bool stop;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop = stop_;
+  }
+  const int64_t mine = stop ? 2 : busy ? 1 : 0;
+  if (rank.world == nullptr) {
+    if (stop) return absl::CancelledError("stopping");
+    return busy;
+  }
+  MLAG_ASSIGN_OR_RETURN(int64_t all, rank.world->AllReduceScalar(mine, ReduceOp::kMax));
+  if (all == 2) return absl::CancelledError("stopping");
+  return all == 1;
+}
+
+void AsyncEngine::Loop(Rank& rank) {
   using Clock = std::chrono::steady_clock;
+  Engine& engine = *rank.engine;
+  const bool lockstep = rank.world != nullptr;
+  absl::Status ended = absl::UnavailableError("the engine shut down");
   for (;;) {
     {
+      // Idle: wait for work. Expert-parallel ranks wait briefly and then
+      // agree again, so a request on any rank starts the next step soon.
       std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait_for(lock, std::chrono::milliseconds(50),
-                     [&] { return stop_ || !queue_.empty() || engine_->HasUnfinished(); });
-      if (stop_) break;
+      wake_.wait_for(lock, std::chrono::milliseconds(lockstep ? 2 : 50),
+                     [&] { return stop_ || !rank.queue.empty() || engine.HasUnfinished(); });
     }
-    Admit();
-    // Clients that went away, and requests a stop string ended.
-    for (auto it = live_.begin(); it != live_.end();) {
-      Live& live = *it->second;
-      if (live.stream->cancelled_ || live.stopped) {
-        engine_->Abort(it->first).IgnoreError();  // it is in the engine: cannot fail
-        Finish(it->first, live, FinishReason::kAbort, absl::OkStatus());
-        it = live_.erase(it);
+    Admit(rank);
+    // Clients that went away.
+    for (auto it = rank.live.begin(); it != rank.live.end();) {
+      if (it->second->stream->cancelled_) {
+        engine.Abort(it->first).IgnoreError();  // it is in the engine: cannot fail
+        Finish(rank, it->first, *it->second, FinishReason::kAbort, absl::OkStatus());
+        it = rank.live.erase(it);
       } else {
         ++it;
       }
     }
-    if (!engine_->HasUnfinished()) continue;
+    absl::StatusOr<bool> busy = AnyRankBusy(rank, engine.HasUnfinished());
+    if (!busy.ok()) {
+      if (!absl::IsCancelled(busy.status())) ended = busy.status();
+      break;
+    }
+    if (!*busy) continue;
     const Clock::time_point t0 = Clock::now();
-    absl::StatusOr<StepOutput> out = engine_->Step();
+    absl::StatusOr<StepOutput> out = engine.Step();
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     if (!out.ok()) {
-      // The engine's state is unknown after a failed step: end everything.
-      for (auto& [id, live] : live_) {
-        engine_->Abort(id).IgnoreError();
-        Finish(id, *live, FinishReason::kNone,
-               absl::Status(out.status().code(),
-                            absl::StrCat("step failed: ", out.status().message())));
-      }
-      live_.clear();
-      continue;
+      // The engine's state is unknown after a failed step (and a peer's
+      // collectives may be broken): end everything.
+      ended =
+          absl::Status(out.status().code(), absl::StrCat("step failed: ", out.status().message()));
+      if (rank.world != nullptr) rank.world->Abort(ended);
+      break;
     }
     for (const auto& [id, token] : out->new_tokens) {
       (void)token;
-      auto it = live_.find(id);
-      if (it != live_.end()) Deliver(id, *it->second, *out);
+      auto it = rank.live.find(id);
+      if (it != rank.live.end()) Deliver(rank, id, *it->second);
     }
     for (RequestId id : out->finished) {
-      auto it = live_.find(id);
-      if (it == live_.end()) continue;
-      const Request* r = engine_->request(id);
-      Finish(id, *it->second, r != nullptr ? r->finish_reason : FinishReason::kNone,
+      auto it = rank.live.find(id);
+      if (it == rank.live.end()) continue;
+      const Request* r = engine.request(id);
+      Finish(rank, id, *it->second, r != nullptr ? r->finish_reason : FinishReason::kNone,
              absl::OkStatus());
-      live_.erase(it);
+      rank.live.erase(it);
     }
     // Requests a stop string ended this step leave before the next one.
-    for (auto it = live_.begin(); it != live_.end();) {
+    for (auto it = rank.live.begin(); it != rank.live.end();) {
       if (it->second->stopped) {
-        engine_->Abort(it->first).IgnoreError();
-        Finish(it->first, *it->second, FinishReason::kStop, absl::OkStatus());
-        it = live_.erase(it);
+        engine.Abort(it->first).IgnoreError();
+        Finish(rank, it->first, *it->second, FinishReason::kStop, absl::OkStatus());
+        it = rank.live.erase(it);
       } else {
         ++it;
       }
     }
+    const EngineStats stats = engine.Stats();
     std::lock_guard<std::mutex> lock(mu_);
-    ++metrics_.steps;
-    metrics_.step_seconds_sum += seconds;
-    metrics_.running = static_cast<int64_t>(live_.size());
-    metrics_.engine = engine_->Stats();
+    rank.stats = stats;
+    rank.prefix_hit_tokens = engine.kv_cache().hit_tokens();
+    rank.prefix_queried_tokens = engine.kv_cache().queried_tokens();
+    if (&rank == ranks_.front().get()) {
+      ++metrics_.steps;
+      metrics_.step_seconds_sum += seconds;
+    }
+    metrics_.running = in_flight_ - metrics_.pending;
   }
-  for (auto& [id, live] : live_) {
-    engine_->Abort(id).IgnoreError();
-    Finish(id, *live, FinishReason::kNone, absl::UnavailableError("the engine shut down"));
+  for (auto& [id, live] : rank.live) {
+    engine.Abort(id).IgnoreError();
+    Finish(rank, id, *live, FinishReason::kNone, ended);
   }
-  live_.clear();
-  std::lock_guard<std::mutex> lock(mu_);
-  for (Submission& s : queue_) {
+  rank.live.clear();
+  // Whatever was still queued for this rank ends the same way.
+  std::deque<Submission> left;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    left.swap(rank.queue);
+    metrics_.pending -= static_cast<int64_t>(left.size());
+  }
+  for (Submission& s : left) {
     Live live;
     live.stream = s.stream;
-    // Finish locks mu_: done below without it.
-    std::lock_guard<std::mutex> slock(s.stream->mu_);
-    s.stream->pending_.finished = true;
-    s.stream->pending_.error = absl::UnavailableError("the engine shut down");
-    s.stream->news_ = true;
-    s.stream->cv_.notify_all();
+    live.prompt_tokens = static_cast<int>(s.spec.prompt.size());
+    Finish(rank, -1, live, FinishReason::kNone, ended);
   }
-  queue_.clear();
 }
 
 }  // namespace mlag

@@ -3,6 +3,11 @@
 // they grow; the engine thread admits them into its continuous batch at the
 // next step boundary.
 //
+// With expert parallelism (ep_ranks >= 2), the engine is a world of host
+// thread ranks (EpRank over local communicators): requests go to the ranks in
+// turn, and every rank steps in lockstep with the others, idle ones running
+// dummy steps, as `mlag run --ep N` does.
+//
 //   MLAG_ASSIGN_OR_RETURN(auto engine, AsyncEngine::Create(options, 256));
 //   MLAG_ASSIGN_OR_RETURN(auto stream, engine->Submit(spec, {"\n\n"}));
 //   RequestStream::Update u;
@@ -25,6 +30,9 @@
 
 namespace mlag {
 
+class Communicator;
+class EpRank;
+
 // One request's output as the engine thread produces it.
 class RequestStream {
  public:
@@ -41,7 +49,8 @@ class RequestStream {
 
   // Moves what arrived into *out (replacing its contents). Waits up to
   // `timeout` for something when nothing has; returns whether *out carries
-  // news (text, tokens or the end).
+  // news (text, tokens or the end). Once finished, every later call reports
+  // the end again.
   bool Wait(Update* out, absl::Duration timeout);
 
   // Asks the engine thread to abort the request (a client went away).
@@ -60,19 +69,24 @@ struct AsyncEngineMetrics {
   int64_t requests_finished = 0, requests_aborted = 0, requests_failed = 0,
           requests_rejected = 0;  // over the pending limit
   int64_t prompt_tokens = 0, generation_tokens = 0;
-  int64_t steps = 0;
+  int64_t steps = 0;  // lockstep steps (of rank 0 with expert parallelism)
   double step_seconds_sum = 0;
-  int64_t running = 0, pending = 0;  // in the engine, and queued for it
-  EngineStats engine;                // as of the last step
+  int64_t running = 0, pending = 0;  // in the engines, and queued for them
+  // Summed over the ranks, as of each one's last step.
+  int64_t kv_blocks_used = 0, kv_blocks_total = 0;
+  int64_t graph_replays = 0;
+  int64_t prefix_hit_tokens = 0, prefix_queried_tokens = 0;
 };
 
 class AsyncEngine {
  public:
-  // Creates the engine (Engine::Create) and starts its thread. At most
-  // `max_pending` requests are in flight (queued or running) at once.
+  // Starts the engine thread(s), which create the engine(s) and then step
+  // them; returns once every engine is ready, or with the first error. At
+  // most `max_pending` requests are in flight (queued or running) at once.
+  // `ep_ranks` >= 2: that many expert-parallel host thread ranks.
   static absl::StatusOr<std::unique_ptr<AsyncEngine>> Create(const EngineOptions& options,
-                                                             int max_pending);
-  // Stops the thread; unfinished requests end with an error.
+                                                             int max_pending, int ep_ranks = 0);
+  // Stops the threads; unfinished requests end with an error.
   ~AsyncEngine();
 
   // Validates `spec` (Engine::ValidateRequest) and queues it. `stop_strings`
@@ -84,37 +98,54 @@ class AsyncEngine {
 
   AsyncEngineMetrics metrics() const;
   // Fixed after Create; safe from any thread.
-  const ModelConfig& config() const { return engine_->config(); }
-  int max_model_len() const { return engine_->max_model_len(); }
-  absl::StatusOr<const Tokenizer*> tokenizer() const { return engine_->tokenizer(); }
-  const std::string& model_description() const { return engine_->model_description(); }
-  std::string device_name() const { return engine_->device().name(); }
+  const ModelConfig& config() const { return front().config(); }
+  int max_model_len() const { return front().max_model_len(); }
+  absl::StatusOr<const Tokenizer*> tokenizer() const { return front().tokenizer(); }
+  const std::string& model_description() const { return front().model_description(); }
+  std::string device_name() const;
+  int ranks() const { return static_cast<int>(ranks_.size()); }
 
  private:
-  struct Live;  // a request in the engine, with its text state
-  AsyncEngine() = default;
-  void Loop();
-  // Engine-thread helpers.
-  void Admit();
-  void Deliver(RequestId id, Live& live, const StepOutput& out);
-  void Finish(RequestId id, Live& live, FinishReason reason, const absl::Status& error);
-
-  std::unique_ptr<Engine> engine_;
-  const Tokenizer* tokenizer_ = nullptr;  // null: outputs carry no text
-  int max_pending_ = 0;
-  mutable std::mutex mu_;
-  std::condition_variable wake_;
+  struct Live;  // a request in an engine, with its text state
   struct Submission {
     RequestSpec spec;
     std::vector<std::string> stops;
     std::shared_ptr<RequestStream> stream;
   };
-  std::deque<Submission> queue_;                     // guarded by mu_
-  int64_t in_flight_ = 0;                            // guarded by mu_
-  bool stop_ = false;                                // guarded by mu_
-  AsyncEngineMetrics metrics_;                       // guarded by mu_
-  std::map<RequestId, std::unique_ptr<Live>> live_;  // engine thread only
-  std::thread thread_;
+  // One engine and the thread that steps it.
+  struct Rank {
+    std::unique_ptr<Engine> own_engine;  // without expert parallelism
+    std::unique_ptr<EpRank> ep;          // with it (owns the engine)
+    Engine* engine = nullptr;
+    std::unique_ptr<Communicator> world;
+    std::deque<Submission> queue;                     // guarded by AsyncEngine::mu_
+    std::map<RequestId, std::unique_ptr<Live>> live;  // its thread only
+    std::thread thread;
+    // Its share of the metrics, as of its last step (guarded by mu_).
+    EngineStats stats;
+    int64_t prefix_hit_tokens = 0, prefix_queried_tokens = 0;
+  };
+
+  AsyncEngine() = default;
+  const Engine& front() const { return *ranks_.front()->engine; }
+  void Loop(Rank& rank);
+  // Whether any rank has work (or should stop), agreed over the world: the
+  // ranks must take every step together.
+  absl::StatusOr<bool> AnyRankBusy(Rank& rank, bool busy);
+  // Rank-thread helpers.
+  void Admit(Rank& rank);
+  void Deliver(Rank& rank, RequestId id, Live& live);
+  void Finish(Rank& rank, RequestId id, Live& live, FinishReason reason, const absl::Status& error);
+
+  std::vector<std::unique_ptr<Rank>> ranks_;
+  const Tokenizer* tokenizer_ = nullptr;  // null: outputs carry no text
+  int max_pending_ = 0;
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  int64_t in_flight_ = 0;       // guarded by mu_
+  uint64_t next_rank_ = 0;      // guarded by mu_
+  bool stop_ = false;           // guarded by mu_
+  AsyncEngineMetrics metrics_;  // guarded by mu_ (the counters)
 };
 
 }  // namespace mlag
