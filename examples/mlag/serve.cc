@@ -68,6 +68,7 @@ ApiError FromStatus(const absl::Status& s, const std::string& param = "") {
   int http = 400;
   std::string type = "invalid_request_error";
   if (absl::IsResourceExhausted(s)) http = 429, type = "rate_limit_error";
+  if (absl::IsNotFound(s)) http = 404;
   if (absl::IsUnavailable(s) || absl::IsFailedPrecondition(s)) http = 503, type = "server_error";
   if (absl::IsInternal(s) || absl::IsUnknown(s)) http = 500, type = "server_error";
   return {http, std::string(s.message()), type, param};
@@ -127,11 +128,19 @@ absl::StatusOr<std::string> ContentText(const Json& content) {
   return absl::InvalidArgumentError("a message's content must be a string or text parts");
 }
 
+// NotFound when the body names a model other than `model_id`.
 absl::StatusOr<ApiRequest> ParseRequest(const std::string& body_text, bool chat,
-                                        const AsyncEngine& engine, uint64_t default_seed) {
+                                        const AsyncEngine& engine, const std::string& model_id,
+                                        uint64_t default_seed) {
   Json body = Json::parse(body_text, nullptr, false);
   if (body.is_discarded()) return absl::InvalidArgumentError("the body is not valid JSON");
   if (!body.is_object()) return absl::InvalidArgumentError("the body must be a JSON object");
+  if (body.contains("model") && body["model"].is_string() &&
+      body["model"].get<std::string>() != model_id) {
+    return absl::NotFoundError(absl::StrCat("model '", body["model"].get<std::string>(),
+                                            "' is not served here; this server serves '", model_id,
+                                            "'"));
+  }
   ApiRequest r;
   r.chat = chat;
   if (body.contains("stream")) {
@@ -395,19 +404,7 @@ class Server {
 
   void Handle(const httplib::Request& req, httplib::Response& res, bool chat) {
     const uint64_t n = next_id_.fetch_add(1);
-    absl::StatusOr<ApiRequest> parsed = ParseRequest(req.body, chat, *engine_, n);
-    if (parsed.ok()) {
-      Json body = Json::parse(req.body, nullptr, false);
-      if (body.contains("model") && body["model"].is_string() &&
-          body["model"].get<std::string>() != model_id_) {
-        ++bad_requests_;
-        return SendError(
-            res, {404,
-                  absl::StrCat("model '", body["model"].get<std::string>(),
-                               "' is not served here; this server serves '", model_id_, "'"),
-                  "invalid_request_error", "model"});
-      }
-    }
+    absl::StatusOr<ApiRequest> parsed = ParseRequest(req.body, chat, *engine_, model_id_, n);
     if (!parsed.ok()) {
       ++bad_requests_;
       return SendError(res, FromStatus(parsed.status()));

@@ -59,28 +59,6 @@ we read code, and we test the code we write. Every test checks a result against
 a reference computed in double precision; every error names what is wrong.
 )";
 
-// GPT-2's byte-level character of byte b.
-std::string ByteChar(int b) {
-  const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
-  uint32_t cp = static_cast<uint32_t>(b);
-  if (!printable) {
-    int n = 0;
-    for (int c = 0; c < b; ++c) {
-      const bool p = (c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || c >= 0xAE;
-      if (!p) ++n;
-    }
-    cp = 256 + n;
-  }
-  std::string s;
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-  return s;
-}
-
 Json PreTokenizerJson() {
   Json steps = Json::array();
   for (const char* pattern : kDeepseekV3Splits) {
@@ -168,7 +146,7 @@ absl::StatusOr<TokenizerFiles> BuiltinTokenizerFiles(int vocab_size, ChatFormat 
   for (int i = 0; i < kFirstByteId; ++i) vocab[kSpecialTokens[i]] = i;
   std::vector<std::string> byte_char(256);
   for (int b = 0; b < 256; ++b) {
-    byte_char[b] = ByteChar(b);
+    byte_char[b] = ByteLevelChar(static_cast<uint8_t>(b));
     vocab[byte_char[b]] = kFirstByteId + b;
   }
   // The training text's words through the same pre-tokenizer, counted.

@@ -62,6 +62,12 @@ const ByteAlphabet& Alphabet() {
   return *alphabet;
 }
 
+}  // namespace
+
+const std::string& ByteLevelChar(uint8_t byte) { return Alphabet().char_of_byte[byte]; }
+
+namespace {
+
 // Length of the valid UTF-8 sequence at s[i] (1..4), 0 when it is invalid,
 // or -1 when it is a valid but unfinished prefix running past the end.
 int Utf8SequenceLength(absl::string_view s, size_t i, uint32_t* cp_out = nullptr) {

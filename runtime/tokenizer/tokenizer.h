@@ -118,6 +118,11 @@ class IncrementalDetokenizer {
   std::string pending_;  // bytes of an unfinished UTF-8 sequence
 };
 
+// The character (UTF-8) that stands for `byte` in GPT-2's byte-level
+// alphabet: the byte itself when it is a printable Latin-1 character, else
+// U+0100 + its rank among the others.
+const std::string& ByteLevelChar(uint8_t byte);
+
 // `bytes` with every invalid UTF-8 sequence replaced by U+FFFD; when
 // `keep_incomplete_tail` is set, an unfinished sequence at the end is not
 // replaced but returned in *tail (and left out of the result).
