@@ -129,6 +129,7 @@ absl::Status RunSingle(const RunFlags& f, const EngineOptions& options,
                        const std::vector<RequestSpec>& specs, RunReport* report) {
   const auto t_start = Clock::now();
   MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(options));
+  report->create_seconds = SecondsSince(t_start);  // engine ready
   std::vector<RequestId> ids;
   for (size_t i = 0; i < specs.size(); ++i) {
     absl::StatusOr<RequestId> id = engine->AddRequest(specs[i]);
@@ -347,7 +348,9 @@ int Run(const RunFlags& f) {
   absl::Status ran = f.ep > 0 ? RunExpertParallelRanks(f, *options, specs, &report, &prints)
                               : RunSingle(f, *options, specs, &report);
   if (!ran.ok()) return Fail(ran);
-  report.create_seconds = SecondsSince(t_create) - report.run_seconds;
+  // Expert-parallel ranks build their engines inside the run: what is not
+  // the run is their start-up. A single engine measured its own.
+  if (!report.has_startup) report.create_seconds = SecondsSince(t_create) - report.run_seconds;
   if (tokenizer != nullptr) {
     report.prompt_text = prompt_texts;
     for (const RequestResult& r : report.requests) {
