@@ -77,12 +77,16 @@ absl::Status CheckNoSelfOverlap(const Tensor& t, absl::string_view arg) {
 }  // namespace
 
 LinearWeight LinearWeight::Select(int64_t i) const {
-  return LinearWeight(values.Select(0, i), has_scales() ? scales.Select(0, i) : Tensor());
+  LinearWeight w(values.Select(0, i), has_scales() ? scales.Select(0, i) : Tensor());
+  w.host_row_groups = host_row_groups;
+  return w;
 }
 
 LinearWeight LinearWeight::SliceRows(int64_t r0, int64_t r1) const {
   const int d = values.ndim() - 2;
-  return LinearWeight(values.Slice(d, r0, r1), has_scales() ? scales.Slice(d, r0, r1) : Tensor());
+  LinearWeight w(values.Slice(d, r0, r1), has_scales() ? scales.Slice(d, r0, r1) : Tensor());
+  w.host_row_groups = host_row_groups;
+  return w;
 }
 
 absl::Status CheckLinearWeight(const Stream& stream, const LinearWeight& weight,
@@ -92,6 +96,10 @@ absl::Status CheckLinearWeight(const Stream& stream, const LinearWeight& weight,
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, v, arg));
   MLAG_RETURN_IF_ERROR(CheckShape(v, arg, shape));
   MLAG_RETURN_IF_ERROR(CheckContiguous(v, arg));
+  if (weight.host_row_groups && stream.is_cuda()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(arg, ": packed in the host GEMM's row groups; CUDA reads row-major weights"));
+  }
   if (stream.is_cuda() && !cuda_fp8) return CheckDType(v, arg, {DType::kF32, DType::kBF16});
   MLAG_RETURN_IF_ERROR(CheckDType(v, arg, {DType::kF32, DType::kBF16, DType::kF8E4M3}));
   if (v.dtype() != DType::kF8E4M3) return absl::OkStatus();
@@ -106,6 +114,23 @@ absl::Status CheckLinearWeight(const Stream& stream, const LinearWeight& weight,
                                                    absl::StrJoin(scale_shape, ", "), "]"));
   }
   return CheckContiguous(weight.scales, scales_arg);
+}
+
+absl::Status PackForLinear(const Device& device, LinearWeight& w) {
+  if (device.is_cuda()) return absl::OkStatus();
+  const Tensor& v = w.values;
+  if (v.ndim() < 2 || !v.is_contiguous()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PackForLinear: values ", v.ShapeString(), " are not contiguous matrices"));
+  }
+  const int64_t out = v.size(v.ndim() - 2), in = v.size(v.ndim() - 1);
+  const int64_t matrices = out * in == 0 ? 0 : v.numel() / (out * in);
+  const size_t matrix_bytes = static_cast<size_t>(out * in) * DTypeSize(v.dtype());
+  for (int64_t m = 0; m < matrices; ++m) {
+    host::PackGemmRowGroups(static_cast<char*>(v.data()) + m * matrix_bytes, v.dtype(), out, in);
+  }
+  w.host_row_groups = true;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<bool> Fp8LinearSupported(const Device& device) {

@@ -18,6 +18,11 @@ namespace mlag {
 //     one scale per (row, 128-column block), and the weight is
 //     Fp8Dequantize(value, scale) (runtime/core/fp8_blocks.h).
 // A Tensor converts to an f32 or bf16 LinearWeight.
+//
+// On the host, `values` may instead hold each [out, in] matrix in the host
+// GEMM's packed row groups (host_row_groups; kernels/host/gemm.h): the same
+// bytes, rearranged so that the GEMM reads one stream. The host backend's
+// model weights are packed once loaded (WeightArena::PackForHost).
 struct LinearWeight {
   LinearWeight() = default;
   LinearWeight(Tensor v) : values(std::move(v)) {}  // NOLINT: implicit on purpose
@@ -30,11 +35,13 @@ struct LinearWeight {
   size_t nbytes() const { return values.nbytes() + (has_scales() ? scales.nbytes() : 0); }
   // Entry `i` of the leading dimension (one expert of a stacked set).
   LinearWeight Select(int64_t i) const;
-  // Output rows [r0, r1) (the second-to-last dimension).
+  // Output rows [r0, r1) (the second-to-last dimension). Of packed weights:
+  // r0 a multiple of kGemmGroupRows, and r1 too unless it is `out`.
   LinearWeight SliceRows(int64_t r0, int64_t r1) const;
 
   Tensor values;
   Tensor scales;
+  bool host_row_groups = false;  // values packed in the host GEMM's row groups
 };
 
 // Validates `weight` as argument `arg` with values of shape `shape` (-1: any):
@@ -44,6 +51,12 @@ struct LinearWeight {
 absl::Status CheckLinearWeight(const Stream& stream, const LinearWeight& weight,
                                absl::string_view arg, std::initializer_list<int64_t> shape,
                                bool cuda_fp8 = false);
+
+// Puts a loaded projection in the layout `device`'s Linear reads fastest.
+// On the host: packs each [out, in] matrix of `w` in place in the GEMM's row
+// groups (whose values must be row-major now, whatever host_row_groups says)
+// and sets host_row_groups. On CUDA: nothing.
+absl::Status PackForLinear(const Device& device, LinearWeight& w);
 
 // Whether Linear takes fp8 weights on `device`: always on the host; on CUDA
 // from sm_89 on, in a build with code for it. Elsewhere the loader

@@ -22,6 +22,7 @@ absl::Status Mlp::Load(WeightArena& arena, WeightSource& source) {
   MLAG_RETURN_IF_ERROR(arena.LoadLinearInto(source, gate, {W, D}, w_gate_up_.SliceRows(0, W)));
   MLAG_RETURN_IF_ERROR(arena.LoadLinearInto(source, weight_prefix_ + "up_proj.weight", {W, D},
                                             w_gate_up_.SliceRows(W, 2 * W)));
+  MLAG_RETURN_IF_ERROR(PackForLinear(arena.device(), w_gate_up_));
   MLAG_ASSIGN_OR_RETURN(w_down_,
                         arena.LoadLinear(source, weight_prefix_ + "down_proj.weight", {D, W}));
   return absl::OkStatus();

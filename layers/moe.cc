@@ -53,8 +53,12 @@ absl::Status Moe::Load(WeightArena& arena, WeightSource& source) {
         arena.LoadLinearInto(source, e + "gate_proj.weight", {I, D}, gu.SliceRows(0, I)));
     MLAG_RETURN_IF_ERROR(
         arena.LoadLinearInto(source, e + "up_proj.weight", {I, D}, gu.SliceRows(I, 2 * I)));
-    MLAG_RETURN_IF_ERROR(arena.LoadLinearInto(source, e + "down_proj.weight", {D, I},
-                                              expert_down(static_cast<int>(slot))));
+    LinearWeight down = expert_down(static_cast<int>(slot));
+    MLAG_RETURN_IF_ERROR(arena.LoadLinearInto(source, e + "down_proj.weight", {D, I}, down));
+    // Read row-major; now in the device's layout (AllocateExperts marked it).
+    LinearWeight gate_up = gu;
+    MLAG_RETURN_IF_ERROR(PackForLinear(arena.device(), gate_up));
+    MLAG_RETURN_IF_ERROR(PackForLinear(arena.device(), down));
   }
   if (shared_) MLAG_RETURN_IF_ERROR(shared_->Load(arena, source));
   return absl::OkStatus();
@@ -102,6 +106,9 @@ absl::StatusOr<Moe::Experts> Moe::AllocateExperts(int64_t slots) const {
   const DeviceKind kind = device_->kind();
   e.gate_up.values = Tensor(base, expert_dtype_, {L, 2 * I, D}, kind);
   e.down.values = Tensor(base + gu_bytes, expert_dtype_, {L, D, I}, kind);
+  // The host keeps experts packed (PackForLinear): Load packs each as it is
+  // read, and migration copies packed bytes between like ranks.
+  e.gate_up.host_row_groups = e.down.host_row_groups = !device_->is_cuda();
   if (fp8) {
     e.gate_up.scales =
         Tensor(base + gu_bytes + dn_bytes, DType::kF32, {L, 2 * I, Fp8Blocks(D)}, kind);

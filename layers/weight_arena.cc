@@ -120,6 +120,7 @@ absl::StatusOr<LinearWeight> WeightArena::LoadLinear(WeightSource& source, const
   MLAG_ASSIGN_OR_RETURN(LinearWeight w,
                         AllocateLinear(shape, LinearDType(source, name, allow_fp8)));
   MLAG_RETURN_IF_ERROR(LoadLinearInto(source, name, shape, w));
+  MLAG_RETURN_IF_ERROR(PackForLinear(*device_, w));
   return w;
 }
 

@@ -46,13 +46,16 @@ class WeightArena {
   // its scales for fp8.
   absl::StatusOr<LinearWeight> AllocateLinear(std::initializer_list<int64_t> shape, DType dtype);
 
-  // A new projection holding source tensor `name` [out, in] in LinearDType.
+  // A new projection holding source tensor `name` [out, in] in LinearDType,
+  // in the layout the device reads (PackForLinear: packed on the host).
   absl::StatusOr<LinearWeight> LoadLinear(WeightSource& source, const std::string& name,
                                           std::initializer_list<int64_t> shape,
                                           bool allow_fp8 = true);
 
   // Reads source tensor `name` [rows, cols] into `dst`, a view of arena (or
-  // arena-device) memory of that shape in any projection dtype, converting
+  // arena-device) memory of that shape in any projection dtype, row-major
+  // (whatever dst.host_row_groups says: PackForLinear the whole projection
+  // once every part is read), converting
   // as needed: bf16 and fp8 are copied as stored when stored so; otherwise
   // f32 is rounded to bf16, or quantized to fp8 in 128 x 128 blocks. fp8
   // block scales must be finite, positive and at most kFp8MaxScale, and fp8

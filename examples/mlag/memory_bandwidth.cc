@@ -87,15 +87,16 @@ absl::StatusOr<BandwidthMeasurement> MeasureMemoryBandwidth(Device& device, size
     sum_bps = std::max(sum_bps, static_cast<double>(bytes) / s);
   }
   (void)sink;
-  // The same buffer streamed by a matrix-vector product (the host Linear
-  // kernel at one row): OpenBLAS's vectorised, prefetching loads often reach
-  // more of the memory system than plain C does. The ceiling is the better of
-  // the two.
+  // The same buffer streamed by a matrix-vector product: the host Linear
+  // kernel at one row, on weights packed as the model's are (PackForLinear),
+  // whose prefetched single stream can reach more of the memory system than
+  // the plain loop above. The ceiling is the better of the two.
   constexpr int64_t kCols = 2048;
   const int64_t rows = n / kCols;
   std::vector<float> x(kCols, 1.0f), y(static_cast<size_t>(rows));
   MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, Stream::Create(&device));
-  const Tensor w(data, DType::kF32, {rows, kCols});
+  LinearWeight w(Tensor(data, DType::kF32, {rows, kCols}));
+  MLAG_RETURN_IF_ERROR(PackForLinear(device, w));
   const Tensor xt(x.data(), DType::kF32, {1, kCols});
   const Tensor yt(y.data(), DType::kF32, {1, rows});
   double gemv_bps = 0.0;

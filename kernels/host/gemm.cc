@@ -1,12 +1,17 @@
 #include "kernels/host/gemm.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 #include <type_traits>
+#include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
 
+#include "kernels/host/parallel.h"
 #include "runtime/core/fp8_blocks.h"
 
 namespace mlag::host {
@@ -29,11 +34,12 @@ template <DType kW>
 using WType = std::conditional_t<kW == DType::kF32, float,
                                  std::conditional_t<kW == DType::kBF16, uint16_t, uint8_t>>;
 
-// Software prefetch of w: one cache line per line of weights read,
-// kPrefetchAheadBytes ahead in the row (past a short row's end: the rows
-// after it, which come next).
+// Software prefetch of w: one cache line per line of weights read. Row-major
+// w: kPrefetchAheadBytes ahead in each row (past a short row's end: the rows
+// after it, which come next). Packed w, one stream: further ahead in it.
 constexpr size_t kCacheLine = 64;
 constexpr int64_t kPrefetchAheadBytes = 2048;
+constexpr int64_t kPackedPrefetchAheadBytes = 4096;
 
 using GemmFn = void (*)(int64_t, int64_t, int64_t, const float*, int64_t, const GemmWeights&,
                         float*, int64_t);
@@ -116,13 +122,16 @@ struct Variant {
 };
 
 Variant Select() {
+  // MLAG_HOST_ISA caps the choice (tests of the narrower variants).
+  const char* env = std::getenv("MLAG_HOST_ISA");
+  const std::string cap = env != nullptr ? env : "";
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("fma")) {
+  if (cap != "avx2" && cap != "sse2" && __builtin_cpu_supports("avx512f") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("fma")) {
     return {avx512::GemmF32, avx512::GemmBf16, avx512::GemmFp8, avx512::GemmNNAccumulate, "avx512"};
   }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+  if (cap != "sse2" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
     return {avx2::GemmF32, avx2::GemmBf16, avx2::GemmFp8, avx2::GemmNNAccumulate, "avx2"};
   }
 #endif
@@ -138,9 +147,58 @@ const Variant& Chosen() {
 
 GemmWeights GemmWeights::FromRow(int64_t r) const {
   GemmWeights w = *this;
+  // A packed group occupies its rows' bytes, so row r (a group's first)
+  // starts where it would row-major.
   w.data = static_cast<const char*>(data) + r * ld * static_cast<int64_t>(DTypeSize(dtype));
   if (scales != nullptr) w.scales = scales + r * scales_ld;
+  w.packed_rows = std::max<int64_t>(0, packed_rows - r);
   return w;
+}
+
+namespace {
+
+// Where element (r, p) of a packed group of [kGemmGroupRows, k] is, counted
+// from the group's start (gemm.h).
+int64_t PackedIndex(int64_t r, int64_t p, int64_t k) {
+  const int64_t piece = p - p % kGemmGroupChunk;
+  const int64_t width = std::min(kGemmGroupChunk, k - piece);
+  return piece * kGemmGroupRows + r * width + p % kGemmGroupChunk;
+}
+
+// Rewrites every whole group of the [n, k] matrix at `data` (elements of
+// `esize` bytes), packing it or (unpack) undoing that.
+void RearrangeGroups(void* data, size_t esize, int64_t n, int64_t k, bool unpack) {
+  const int64_t groups = n / kGemmGroupRows;
+  const size_t group_bytes = static_cast<size_t>(kGemmGroupRows * k) * esize;
+  ParallelFor(groups, [&](int64_t g) {
+    thread_local std::vector<char> scratch;
+    if (scratch.size() < group_bytes) scratch.resize(group_bytes);
+    char* group = static_cast<char*>(data) + static_cast<size_t>(g) * group_bytes;
+    std::memcpy(scratch.data(), group, group_bytes);
+    for (int64_t r = 0; r < kGemmGroupRows; ++r) {
+      for (int64_t p = 0; p < k; p += kGemmGroupChunk) {
+        const size_t row_major = static_cast<size_t>(r * k + p) * esize;
+        const size_t packed = static_cast<size_t>(PackedIndex(r, p, k)) * esize;
+        const size_t bytes = static_cast<size_t>(std::min(kGemmGroupChunk, k - p)) * esize;
+        if (unpack) {
+          std::memcpy(group + row_major, scratch.data() + packed, bytes);
+        } else {
+          std::memcpy(group + packed, scratch.data() + row_major, bytes);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+int64_t PackGemmRowGroups(void* data, DType dtype, int64_t n, int64_t k) {
+  RearrangeGroups(data, DTypeSize(dtype), n, k, /*unpack=*/false);
+  return n / kGemmGroupRows * kGemmGroupRows;
+}
+
+void UnpackGemmRowGroups(void* data, DType dtype, int64_t n, int64_t k) {
+  RearrangeGroups(data, DTypeSize(dtype), n, k, /*unpack=*/true);
 }
 
 void GemmNT(int64_t rows, int64_t n_out, int64_t k, const float* x, int64_t ldx,

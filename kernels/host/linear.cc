@@ -39,6 +39,10 @@ GemmWeights WeightsOf(const LinearWeight& weight) {
     w.scales = weight.scales.data_as<const float>();
     w.scales_ld = Fp8Blocks(in);
   }
+  if (weight.host_row_groups) {
+    const int64_t out = weight.values.size(weight.values.ndim() - 2);
+    w.packed_rows = out / kGemmGroupRows * kGemmGroupRows;
+  }
   return w;
 }
 

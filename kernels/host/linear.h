@@ -10,7 +10,8 @@
 
 namespace mlag::host {
 
-// The GemmNT operand for `weight` ([.., out, in]), starting at its first row.
+// The GemmNT operand for `weight` ([.., out, in]), starting at its first row
+// (of a stacked weight: of its first matrix; Select the others).
 GemmWeights WeightsOf(const LinearWeight& weight);
 
 // y = x W^T through GemmNT (kernels/host/gemm.h), output columns split over

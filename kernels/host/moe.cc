@@ -141,8 +141,6 @@ void MoeExperts(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weig
   const float* tw = topk_weights.data_as<const float>();
   const int32_t* map = expert_map.data_as<const int32_t>();
   const float* xp = x.data_as<const float>();
-  const GemmWeights wgu = WeightsOf(w_gate_up);
-  const GemmWeights wd = WeightsOf(w_down);
 
   // Group the (token, k) pairs by local slot, in ascending (token, k) order
   // within a slot: row_of[t*K+k] is the pair's row in the per-slot blocks of
@@ -197,9 +195,9 @@ void MoeExperts(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weig
       std::memcpy(xs + r * D, xp + token_of_row[r0 + r] * ldx, sizeof(float) * D);
     }
     if (I == 0 || D == 0) return;  // f_e == 0; y stays zero
-    GemmNT(n, 2 * I, D, xs, D, wgu.FromRow(s * 2 * I), hs, 2 * I);
+    GemmNT(n, 2 * I, D, xs, D, WeightsOf(w_gate_up.Select(s)), hs, 2 * I);
     for (int64_t r = 0; r < n; ++r) SiluMulInPlace(hs + r * 2 * I, I);
-    GemmNT(n, D, I, hs, 2 * I, wd.FromRow(s * D), ys, D);
+    GemmNT(n, D, I, hs, 2 * I, WeightsOf(w_down.Select(s)), ys, D);
   });
 
   // Weighted choices [T, K, D] (zero where the expert is not held here),

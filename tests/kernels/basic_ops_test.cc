@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -210,8 +211,18 @@ TEST(RmsNormTest, RejectsBadArguments) {
 //   - against a double-precision product of the dequantized weights;
 //   - each row's result independent of the other rows present (computed
 //     alone, it is the same bits): batch invariance;
-//   - bf16 and fp8 weights give the bits of their f32 dequantized values.
+//   - bf16 and fp8 weights give the bits of their f32 dequantized values;
+//   - weights packed in row groups give the same bits as row-major ones.
+// Skips when MLAG_HOST_ISA asks for a variant this CPU cannot run.
+void SkipUnlessRequestedIsa() {
+  const char* isa = std::getenv("MLAG_HOST_ISA");
+  if (isa != nullptr && std::string(isa) != host::GemmIsa()) {
+    GTEST_SKIP() << "MLAG_HOST_ISA=" << isa << " but this CPU runs " << host::GemmIsa();
+  }
+}
+
 TEST(GemmTest, MatchesReferenceAndIsIndependentOfBatchAndDtype) {
+  SkipUnlessRequestedIsa();
   SCOPED_TRACE(host::GemmIsa());
   for (int64_t k : {1, 5, 16, 31, 100, 131, 300}) {
     for (int64_t n : {1, 3, 4, 9, 37}) {
@@ -281,6 +292,38 @@ TEST(GemmTest, MatchesReferenceAndIsIndependentOfBatchAndDtype) {
                   << "row " << m;
             }
           }
+          // The same weights packed in row groups (PackGemmRowGroups): the
+          // same bits, whole and from a later group on; unpacking restores
+          // the rows.
+          {
+            const size_t esize = DTypeSize(form.w.dtype);
+            std::vector<char> packed(static_cast<size_t>(n * k) * esize);
+            std::memcpy(packed.data(), form.w.data, packed.size());
+            host::GemmWeights pw = form.w;
+            pw.data = packed.data();
+            pw.packed_rows = host::PackGemmRowGroups(packed.data(), form.w.dtype, n, k);
+            EXPECT_EQ(pw.packed_rows, n / host::kGemmGroupRows * host::kGemmGroupRows);
+            if (pw.packed_rows > 0 && k > host::kGemmGroupChunk) {  // else the same bytes
+              EXPECT_NE(std::memcmp(packed.data(), form.w.data, packed.size()), 0)
+                  << "packing moved nothing";
+            }
+            std::vector<float> yp(static_cast<size_t>(rows * ldy), -7.0f);
+            host::GemmNT(rows, n, k, x.data(), ldx, pw, yp.data(), ldy);
+            EXPECT_EQ(std::memcmp(yp.data(), y.data(), y.size() * sizeof(float)), 0) << "packed";
+            const int64_t g = host::kGemmGroupRows;
+            if (n > g) {
+              std::vector<float> part(static_cast<size_t>(rows * (n - g)));
+              host::GemmNT(rows, n - g, k, x.data(), ldx, pw.FromRow(g), part.data(), n - g);
+              for (int64_t m = 0; m < rows; ++m) {
+                EXPECT_EQ(std::memcmp(part.data() + m * (n - g), y.data() + m * ldy + g,
+                                      (n - g) * sizeof(float)),
+                          0)
+                    << "packed, from row " << g << ", row " << m;
+              }
+            }
+            host::UnpackGemmRowGroups(packed.data(), form.w.dtype, n, k);
+            EXPECT_EQ(std::memcmp(packed.data(), form.w.data, packed.size()), 0) << "unpacked";
+          }
           // The same bits as the dequantized weights in f32.
           if (form.value != &w_src) {
             std::vector<float> y32(static_cast<size_t>(rows * ldy), -7.0f);
@@ -298,6 +341,7 @@ TEST(GemmTest, MatchesReferenceAndIsIndependentOfBatchAndDtype) {
 // value rows): against a double reference, and each row of y the same bits
 // whatever rows share the call.
 TEST(GemmTest, AccumulateMatchesReferenceAndIsIndependentOfBatch) {
+  SkipUnlessRequestedIsa();
   SCOPED_TRACE(host::GemmIsa());
   for (int64_t k : {1, 3, 16, 33}) {
     for (int64_t n : {1, 7, 16, 70, 512, 517}) {

@@ -15,6 +15,7 @@
 #include "comm/local_communicator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/host/gemm.h"
 #include "runtime/checkpoint/builtin_models.h"
 #include "tests/runtime/ep_failure_checks.h"
 #include "tests/status_matchers.h"
@@ -206,8 +207,18 @@ TEST(ExpertParallelReconfigureTest, MigratedExpertsEqualAFreshLoad) {
         ASSERT_OK(fresh.ReadF32(p + "gate_proj.weight", {I, D}, gate.data()));
         ASSERT_OK(fresh.ReadF32(p + "up_proj.weight", {I, D}, up.data()));
         ASSERT_OK(fresh.ReadF32(p + "down_proj.weight", {D, I}, down.data()));
-        const float* gu = moe->expert_gate_up(static_cast<int>(slot)).values.data_as<float>();
-        const float* dn = moe->expert_down(static_cast<int>(slot)).values.data_as<float>();
+        // As rows: the host keeps its experts packed (PackForLinear).
+        auto rows_of = [](const LinearWeight& w) {
+          const int64_t out = w.values.size(0), in = w.values.size(1);
+          std::vector<float> v(w.values.data_as<const float>(),
+                               w.values.data_as<const float>() + out * in);
+          if (w.host_row_groups) host::UnpackGemmRowGroups(v.data(), DType::kF32, out, in);
+          return v;
+        };
+        const std::vector<float> gu_rows = rows_of(moe->expert_gate_up(static_cast<int>(slot)));
+        const std::vector<float> dn_rows = rows_of(moe->expert_down(static_cast<int>(slot)));
+        const float* gu = gu_rows.data();
+        const float* dn = dn_rows.data();
         EXPECT_EQ(std::memcmp(gu, gate.data(), gate.size() * 4), 0);
         EXPECT_EQ(std::memcmp(gu + I * D, up.data(), up.size() * 4), 0);
         EXPECT_EQ(std::memcmp(dn, down.data(), down.size() * 4), 0);
