@@ -69,6 +69,10 @@ __attribute__((always_inline)) inline Vec<int32_t, 16>::type WidenBytes(const ui
   return reinterpret_cast<Vec<int32_t, 16>::type>(_mm512_maskz_cvtepi8_epi32(
       static_cast<__mmask16>(0xffff), _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
+template <typename V>
+__attribute__((always_inline)) inline void InRegister(V& v) {
+  asm("" : "+v"(v));
+}
 #include "kernels/host/gemm_kernel.inc"
 }  // namespace avx512
 #if defined(__clang__)
@@ -92,6 +96,10 @@ __attribute__((always_inline)) inline Vec<int32_t, 8>::type WidenBytes(const uin
   return reinterpret_cast<Vec<int32_t, 8>::type>(
       _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
+template <typename V>
+__attribute__((always_inline)) inline void InRegister(V& v) {
+  asm("" : "+v"(v));
+}
 #include "kernels/host/gemm_kernel.inc"
 }  // namespace avx2
 #if defined(__clang__)
@@ -112,6 +120,8 @@ __attribute__((always_inline)) inline Vec<int32_t, 4>::type WidenBytes(const uin
   __builtin_memcpy(&b, p, sizeof(b));
   return __builtin_convertvector(b, Vec<int32_t, 4>::type);
 }
+template <typename V>
+__attribute__((always_inline)) inline void InRegister(V&) {}
 #include "kernels/host/gemm_kernel.inc"
 }  // namespace base
 

@@ -16,6 +16,11 @@ namespace {
 // Output columns per parallel work item of Linear: large enough that each
 // item streams a good slab of W, a multiple of every GemmNT row group.
 constexpr int64_t kLinearColumnChunk = 64;
+// Contiguous column blocks per thread: a few, claimed by whichever thread is
+// free (kernels/host/thread_pool.h), so a core slowed by other work holds up
+// the step by at most one block. Each block still streams its packed
+// weights in one run.
+constexpr int64_t kLinearPartsPerThread = 4;
 // Below this many multiply-adds a Linear runs on one thread.
 constexpr double kLinearSerialWork = 1 << 16;
 
@@ -70,8 +75,8 @@ void Linear(const Tensor& x, const LinearWeight& weight, const Tensor& y) {
     columns(0, out);
     return;
   }
-  // One contiguous block of columns per thread streams W once in all.
-  const int64_t parts = std::min<int64_t>(chunks, NumThreads());
+  // Contiguous blocks of columns stream W once in all.
+  const int64_t parts = std::min<int64_t>(chunks, NumThreads() * kLinearPartsPerThread);
   ParallelFor(parts, [&](int64_t p) {
     const int64_t c0 = chunks * p / parts * kLinearColumnChunk;
     const int64_t c1 = std::min(out, chunks * (p + 1) / parts * kLinearColumnChunk);
