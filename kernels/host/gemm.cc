@@ -167,48 +167,72 @@ GemmWeights GemmWeights::FromRow(int64_t r) const {
 
 namespace {
 
-// Where element (r, p) of a packed group of [kGemmGroupRows, k] is, counted
-// from the group's start (gemm.h).
-int64_t PackedIndex(int64_t r, int64_t p, int64_t k) {
-  const int64_t piece = p - p % kGemmGroupChunk;
-  const int64_t width = std::min(kGemmGroupChunk, k - piece);
-  return piece * kGemmGroupRows + r * width + p % kGemmGroupChunk;
-}
-
 // Rewrites every whole group of the [n, k] matrix at `data` (elements of
-// `esize` bytes), packing it or (unpack) undoing that.
-void RearrangeGroups(void* data, size_t esize, int64_t n, int64_t k, bool unpack) {
-  const int64_t groups = n / kGemmGroupRows;
-  const size_t group_bytes = static_cast<size_t>(kGemmGroupRows * k) * esize;
+// kESize bytes), packing it or (unpack) undoing that. Whole pieces move with
+// fixed-size copies (a few vector moves each): a model's weights are
+// rearranged as they load.
+template <size_t kESize>
+void RearrangeGroups(void* data, int64_t n, int64_t k, bool unpack) {
+  constexpr int64_t kG = kGemmGroupRows, kC = kGemmGroupChunk;
+  constexpr size_t kPieceBytes = kC * kESize;
+  const int64_t groups = n / kG;
+  const int64_t k16 = k / kC * kC;
+  const size_t row_bytes = static_cast<size_t>(k) * kESize;
+  const size_t group_bytes = kG * row_bytes;
+  const size_t tail_bytes = static_cast<size_t>(k - k16) * kESize;
   ParallelFor(groups, [&](int64_t g) {
     thread_local std::vector<char> scratch;
     if (scratch.size() < group_bytes) scratch.resize(group_bytes);
     char* group = static_cast<char*>(data) + static_cast<size_t>(g) * group_bytes;
     std::memcpy(scratch.data(), group, group_bytes);
-    for (int64_t r = 0; r < kGemmGroupRows; ++r) {
-      for (int64_t p = 0; p < k; p += kGemmGroupChunk) {
-        const size_t row_major = static_cast<size_t>(r * k + p) * esize;
-        const size_t packed = static_cast<size_t>(PackedIndex(r, p, k)) * esize;
-        const size_t bytes = static_cast<size_t>(std::min(kGemmGroupChunk, k - p)) * esize;
+    for (int64_t r = 0; r < kG; ++r) {
+      // Row r's pieces: row-major at r * row_bytes + p, packed at
+      // (p * kG + r * kC) elements; its tail after the whole pieces.
+      char* row_major = (unpack ? group : scratch.data()) + r * row_bytes;
+      char* packed = (unpack ? scratch.data() : group) + r * kPieceBytes;
+      for (int64_t p = 0; p < k16; p += kC) {
+        char* rm = row_major + static_cast<size_t>(p) * kESize;
+        char* pk = packed + static_cast<size_t>(p * kG) * kESize;
         if (unpack) {
-          std::memcpy(group + row_major, scratch.data() + packed, bytes);
+          std::memcpy(rm, pk, kPieceBytes);
         } else {
-          std::memcpy(group + packed, scratch.data() + row_major, bytes);
+          std::memcpy(pk, rm, kPieceBytes);
+        }
+      }
+      if (tail_bytes > 0) {
+        char* rm = row_major + static_cast<size_t>(k16) * kESize;
+        char* pk = (unpack ? scratch.data() : group) + static_cast<size_t>(kG * k16) * kESize +
+                   r * tail_bytes;
+        if (unpack) {
+          std::memcpy(rm, pk, tail_bytes);
+        } else {
+          std::memcpy(pk, rm, tail_bytes);
         }
       }
     }
   });
 }
 
+void RearrangeGroups(void* data, DType dtype, int64_t n, int64_t k, bool unpack) {
+  switch (DTypeSize(dtype)) {
+    case 4:
+      return RearrangeGroups<4>(data, n, k, unpack);
+    case 2:
+      return RearrangeGroups<2>(data, n, k, unpack);
+    default:
+      return RearrangeGroups<1>(data, n, k, unpack);
+  }
+}
+
 }  // namespace
 
 int64_t PackGemmRowGroups(void* data, DType dtype, int64_t n, int64_t k) {
-  RearrangeGroups(data, DTypeSize(dtype), n, k, /*unpack=*/false);
+  RearrangeGroups(data, dtype, n, k, /*unpack=*/false);
   return n / kGemmGroupRows * kGemmGroupRows;
 }
 
 void UnpackGemmRowGroups(void* data, DType dtype, int64_t n, int64_t k) {
-  RearrangeGroups(data, DTypeSize(dtype), n, k, /*unpack=*/true);
+  RearrangeGroups(data, dtype, n, k, /*unpack=*/true);
 }
 
 void GemmNT(int64_t rows, int64_t n_out, int64_t k, const float* x, int64_t ldx,
