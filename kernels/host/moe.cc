@@ -170,6 +170,11 @@ void MoeExperts(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weig
   for (int64_t s = 0; s < L; ++s) {
     if (offset[s + 1] > offset[s]) active.push_back(s);
   }
+  // Most rows first: the threads claim experts in this order, so the last
+  // ones claimed, which decide when the loop ends, are the small ones.
+  std::stable_sort(active.begin(), active.end(), [&](int64_t a, int64_t b) {
+    return offset[a + 1] - offset[a] > offset[b + 1] - offset[b];
+  });
 
   // Per-row scratch: gathered inputs [N, D], gate|up [N, 2I] (the activation
   // is written over the gate half) and expert outputs [N, D]; and the
