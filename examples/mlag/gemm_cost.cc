@@ -43,11 +43,16 @@ absl::StatusOr<std::vector<GemmCost>> MeasureGemmCost(int64_t out, int64_t in,
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (float& v : w) v = u(rng);
   for (float& v : x) v = u(rng);
+  // The host GEMM reads the weights packed, as the model's are; OpenBLAS
+  // reads them row-major.
+  std::vector<float> w_packed(w);
+  LinearWeight wt(Tensor(w_packed.data(), DType::kF32, {out, in}));
+  host::PackGemmRowGroups(w_packed.data(), DType::kF32, out, in);
+  wt.host_row_groups = true;
   host::UseSerialBlas();
   std::vector<GemmCost> results;
   for (int64_t m : rows) {
     const Tensor xt(x.data(), DType::kF32, {m, in});
-    const Tensor wt(w.data(), DType::kF32, {out, in});
     const Tensor yt(y.data(), DType::kF32, {m, out});
     host::Linear(xt, wt, yt);  // warm caches and pages
     const double gemm_s = BestSeconds(reps, [&] { host::Linear(xt, wt, yt); });

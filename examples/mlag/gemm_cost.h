@@ -1,8 +1,9 @@
 // What batch invariance costs the host, measured in the same run as the
 // figures it qualifies: the host GEMM (kernels/host/gemm.h, one summation
-// order per output element at every row count) against OpenBLAS's sgemm
-// (whose order depends on the row count) on one of the model's projection
-// shapes, both split over the same threads by output columns.
+// order per output element at every row count, on weights packed as the
+// model's are) against OpenBLAS's sgemm (whose order depends on the row
+// count) on one of the model's projection shapes, both split over the
+// threads by output columns.
 #pragma once
 
 #include <cstdint>
