@@ -119,8 +119,9 @@ rm -f "$TMP/text/tokenizer.json"
 expect_usage_error "no tokenizer.json" run --model "$TMP/text" --prompt "a"
 
 # mlag bench prints JSON with positive byte counts and measured ceilings,
-# prefill per length, and (--contend) the figures with a busy thread beside.
-if "$MLAG" bench --model tiny-v3 --batch-sizes 1,8 --steps 2 --prefill-lens 40,16 --contend 1 --bandwidth-gib 0.25 --json >"$TMP/bench.json" 2>"$TMP/err"; then ok; else bad "bench failed: $(cat "$TMP/err")"; fi
+# prefill per length, (--contend) the figures with a busy thread beside, and
+# (--profile) each op's eager time per step, layers folded.
+if "$MLAG" bench --model tiny-v3 --batch-sizes 1,8 --steps 2 --prefill-lens 40,16 --contend 1 --bandwidth-gib 0.25 --profile --json >"$TMP/bench.json" 2>"$TMP/err"; then ok; else bad "bench failed: $(cat "$TMP/err")"; fi
 if command -v python3 >/dev/null 2>&1; then
   if python3 - "$TMP/bench.json" <<'PY'
 import json, sys
@@ -131,6 +132,11 @@ for d in j["decode"]:
     assert d["bytes_per_step"] > 0 and d["graph_ms"] > 0 and d["eager_ms"] > 0, d
     assert 0 < d["fraction_of_bandwidth"], d
     assert d["contended_graph_ms"] > 0 and d["contended_vs_uncontended"] > 0, d
+    ops = {o["op"]: o["ms_per_step"] for o in d["profile"]}
+    assert "layers.*.moe.experts" in ops and "lm_head" in ops, sorted(ops)
+    assert not any(c.isdigit() for op in ops for c in op), sorted(ops)
+    ms = [o["ms_per_step"] for o in d["profile"]]
+    assert all(m >= 0 for m in ms) and ms == sorted(ms, reverse=True) and sum(ms) > 0, d["profile"]
 assert [p["tokens"] for p in j["prefill"]] == [16, 40], j["prefill"]
 for p in j["prefill"]:
     assert p["tokens_per_s"] > 0 and p["gflop"] > 0 and p["gemm_ceiling_gflops"] > 0, p

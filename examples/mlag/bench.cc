@@ -8,12 +8,16 @@
 //              [--prefill-lens 128,512,2048] [--contend N] [--json]
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <random>
 #include <set>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "examples/mlag/bench_report.h"
@@ -39,6 +43,7 @@ struct BenchFlags {
   std::vector<int> prefill_lens = {128, 512, 2048};
   int contend = 0;  // busy threads for the contended measurement; 0: none
   double bandwidth_gib = 2.0;
+  bool profile = false;
   // auto: bf16 on CUDA (what the tensor-core decode kernel reads), f32 on
   // the host (the engine's default there).
   std::string kv_cache_dtype = "auto";
@@ -144,6 +149,36 @@ absl::StatusOr<double> TimeSteps(ModelRunner& runner, const DecodeBatch& batch, 
     ms.push_back(1e3 * std::chrono::duration<double>(Clock::now() - t0).count());
   }
   return Median(ms);
+}
+
+// Eager milliseconds per step of each host op over `steps` steps, layer
+// indices folded ("layers.*.attn.mla"), most first.
+absl::StatusOr<std::vector<std::pair<std::string, double>>> ProfileSteps(ModelRunner& runner,
+                                                                         const DecodeBatch& batch,
+                                                                         int steps) {
+  HostOpProfile profile;
+  runner.stream().set_host_profile(&profile);
+  absl::Status s;
+  for (int i = 0; i < steps && s.ok(); ++i) s = runner.Execute(batch.seqs).status();
+  runner.stream().set_host_profile(nullptr);
+  MLAG_RETURN_IF_ERROR(s);
+  std::map<std::string, double> folded;
+  for (const auto& [name, e] : profile.ops) {
+    std::string op;
+    for (size_t i = 0; i < name.size(); ++i) {
+      if (std::isdigit(static_cast<unsigned char>(name[i])) && (i == 0 || name[i - 1] == '.')) {
+        op += '*';
+        while (i + 1 < name.size() && std::isdigit(static_cast<unsigned char>(name[i + 1]))) ++i;
+      } else {
+        op += name[i];
+      }
+    }
+    folded[op] += 1e3 * e.seconds / steps;
+  }
+  std::vector<std::pair<std::string, double>> out(folded.begin(), folded.end());
+  std::stable_sort(out.begin(), out.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  return out;
 }
 
 // The largest decode batch bench captures (the engine's max_num_seqs bound).
@@ -266,6 +301,9 @@ absl::Status Bench(BenchFlags f) {
     r.bytes = fixed_bytes + r.experts_touched * static_cast<double>(wb.routed_expert) +
               r.batch * row_bytes + r.batch * (f.context_len + 1) * kv_token_bytes;
     MLAG_ASSIGN_OR_RETURN(r.eager_ms, TimeSteps(*runner, batch, f.steps));
+    if (f.profile && !device->is_cuda()) {
+      MLAG_ASSIGN_OR_RETURN(r.profile_ms, ProfileSteps(*runner, batch, f.steps));
+    }
   }
   // The ceiling measured again after the decode timings: on a shared machine
   // one measurement can land in a slow moment, and the better of the two
@@ -384,6 +422,9 @@ Command AddBenchCommand(CLI::App& app) {
   bench
       ->add_option("--bandwidth-gib", f->bandwidth_gib, "buffer of the bandwidth measurement (GiB)")
       ->check(CLI::Range(1.0 / 1024, 1024.0));
+  bench->add_flag("--profile", f->profile,
+                  "host: time each op of --steps eager decode steps per batch size and print where "
+                  "a step's time goes");
   bench
       ->add_option("--kv-cache-dtype", f->kv_cache_dtype,
                    "auto (bf16 on CUDA, f32 on the host), f32 or bf16")

@@ -77,6 +77,13 @@ void PrintBenchJson(const BenchReport& r) {
          {"achieved_gb_s", gbs},
          {"fraction_of_bandwidth", gbs * 1e9 / r.bandwidth.bytes_per_second},
          {"tokens_per_s_vs_batch1", tok_s_1 > 0 ? d.batch / (d.graph_ms / 1e3) / tok_s_1 : 0.0}});
+    if (!d.profile_ms.empty()) {
+      nlohmann::json ops = nlohmann::json::array();
+      for (const auto& [op, ms] : d.profile_ms) {
+        ops.push_back({{"op", op}, {"ms_per_step", ms}, {"share", ms / d.eager_ms}});
+      }
+      j["decode"].back()["profile"] = ops;
+    }
     if (r.contention.threads > 0) {
       j["decode"].back()["contended_graph_ms"] = d.contended_graph_ms;
       j["decode"].back()["contended_tokens_per_s"] = d.batch / (d.contended_graph_ms / 1e3);
@@ -155,6 +162,14 @@ void PrintBenchText(const BenchReport& r) {
                 d.batch / (d.eager_ms / 1e3),
                 tok_s_1 > 0 ? d.batch / (d.graph_ms / 1e3) / tok_s_1 : 0.0, d.experts_touched,
                 d.bytes / 1e9, gbs, 100.0 * gbs * 1e9 / r.bandwidth.bytes_per_second);
+  }
+  for (const DecodeResult& d : r.decode) {
+    if (d.profile_ms.empty()) continue;
+    std::printf("\nbatch %d, ms per step by op (eager; of a %.2f ms step):\n", d.batch, d.eager_ms);
+    for (const auto& [op, ms] : d.profile_ms) {
+      if (ms < 0.005 * d.eager_ms) break;  // sorted: the rest are smaller
+      std::printf("  %8.2f %5.1f%%  %s\n", ms, 100.0 * ms / d.eager_ms, op.c_str());
+    }
   }
   if (!r.gemm_cost.empty()) {
     std::printf(

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "examples/mlag/gemm_cost.h"
@@ -22,6 +23,9 @@ struct DecodeResult {
   double contended_graph_ms = 0;  // with --contend busy threads; 0 when not run
   double bytes = 0;               // per step
   int experts_touched = 0;        // summed over MoE layers
+  // --profile (host): eager milliseconds per step of each op, layer indices
+  // folded ("layers.*.moe.experts"), most first.
+  std::vector<std::pair<std::string, double>> profile_ms;
 };
 
 // --contend N: the graphs captured again on a warm engine, quietly and then

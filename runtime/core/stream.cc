@@ -1,6 +1,7 @@
 #include "runtime/core/stream.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <utility>
 
@@ -270,11 +271,19 @@ absl::Status Stream::LaunchHost(absl::string_view default_name, OpKind kind, Hos
         absl::StrCat("host op '", default_name, "' launched on a CUDA stream"));
   }
   ++launches_;
-  if (!capturing_) return op();
+  if (!capturing_ && host_profile_ == nullptr) return op();
   std::string name;
   OpKind resolved;
   uint64_t scope_id;
   ResolveName(default_name, kind, &name, &resolved, &scope_id);
+  if (!capturing_) {
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::Status status = op();
+    HostOpProfile::Entry& e = host_profile_->ops[name];
+    e.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++e.calls;
+    return status;
+  }
   CaptureState& c = *capture_;
   if (scope_id != 0 && !c.node_scope.empty() && c.node_scope.back() == scope_id) {
     c.host_ops.back().push_back(std::move(op));

@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,6 +74,16 @@ class Graph {
 // must not allocate device memory and must only touch memory bound at launch.
 using HostOp = std::function<absl::Status()>;
 
+// Wall time of the host ops a stream ran eagerly, by node name (the name a
+// graph would give the op: its innermost NodeScope, else its own).
+struct HostOpProfile {
+  struct Entry {
+    double seconds = 0;
+    int64_t calls = 0;
+  };
+  std::map<std::string, Entry> ops;
+};
+
 class Stream {
  public:
   // A new stream on `device`, which must outlive it.
@@ -88,6 +99,10 @@ class Stream {
 
   // Host device: runs `op` now, or records it when capturing.
   absl::Status LaunchHost(absl::string_view default_name, OpKind kind, HostOp op);
+
+  // While set, every host op run eagerly is timed into `profile` (`mlag
+  // bench --profile`); nullptr stops. Graph replays are not timed.
+  void set_host_profile(HostOpProfile* profile) { host_profile_ = profile; }
 
   // CUDA device: `enqueue` enqueues the op's work on native() and returns
   // a cudaError_t as int. When capturing, the graph nodes it adds are tagged.
@@ -152,6 +167,7 @@ class Stream {
   std::function<absl::Status()> watchdog_health_;
   std::vector<std::pair<const void*, std::shared_ptr<void>>> attachments_;
   uint64_t launches_ = 0;
+  HostOpProfile* host_profile_ = nullptr;
   uint64_t next_scope_id_ = 1;
   std::vector<Scope> scopes_;
   std::unique_ptr<CaptureState> capture_;
