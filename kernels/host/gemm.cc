@@ -48,8 +48,9 @@ using AccumulateFn = void (*)(int64_t, int64_t, int64_t, const float*, int64_t, 
 
 // One copy of the kernels per ISA, each compiled for it. Register budgets:
 // AVX-512 has 32 vector registers (6 x 4 accumulators, 4 w vectors, 1 x
-// vector; fp8 needs temporaries for its conversion, so 5 x 4; 4 x 4
-// accumulators for GemmNNAccumulate), AVX2 and SSE2 16.
+// vector; fp8 needs temporaries for its conversion, so 5 x 4 row-major;
+// packed blocks 6 x 4 accumulators and 4 w vectors, x broadcast from memory;
+// 4 x 4 accumulators for GemmNNAccumulate), AVX2 and SSE2 16.
 #if defined(__x86_64__) || defined(__i386__)
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,fma"))), apply_to = function)
@@ -61,7 +62,15 @@ namespace avx512 {
 constexpr int kLanes = 16;
 constexpr bool kFma = true;
 constexpr int kRowBlock = 6, kColBlock = 4, kRowBlockFp8 = 5;
+constexpr int kSlabRowBlock = 6;
 constexpr int kAccRows = 4, kAccVectors = 4;
+template <typename V>
+__attribute__((always_inline)) inline V VFma(V a, V b, V c) {
+  return _mm512_fmadd_ps(a, b, c);
+}
+__attribute__((always_inline)) inline Vec<float, 16>::type Splat(float f) {
+  return _mm512_set1_ps(f);
+}
 // Intrinsics: __builtin_convertvector of bytes to int32 is scalarised. The
 // zero-masked form, as the plain one passes GCC an undefined vector that
 // -Wmaybe-uninitialized flags.
@@ -91,7 +100,15 @@ namespace avx2 {
 constexpr int kLanes = 8;
 constexpr bool kFma = true;
 constexpr int kRowBlock = 4, kColBlock = 2, kRowBlockFp8 = 3;
+constexpr int kSlabRowBlock = 2;
 constexpr int kAccRows = 2, kAccVectors = 4;
+template <typename V>
+__attribute__((always_inline)) inline V VFma(V a, V b, V c) {
+  return _mm256_fmadd_ps(a, b, c);
+}
+__attribute__((always_inline)) inline Vec<float, 8>::type Splat(float f) {
+  return _mm256_set1_ps(f);
+}
 __attribute__((always_inline)) inline Vec<int32_t, 8>::type WidenBytes(const uint8_t* p) {
   return reinterpret_cast<Vec<int32_t, 8>::type>(
       _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
@@ -114,7 +131,15 @@ namespace base {
 constexpr int kLanes = 4;
 constexpr bool kFma = false;
 constexpr int kRowBlock = 4, kColBlock = 2, kRowBlockFp8 = 3;
+constexpr int kSlabRowBlock = 2;
 constexpr int kAccRows = 2, kAccVectors = 4;
+template <typename V>
+__attribute__((always_inline)) inline V VFma(V a, V b, V c) {
+  return c + a * b;  // no FMA unit: no contraction either
+}
+__attribute__((always_inline)) inline Vec<float, 4>::type Splat(float f) {
+  return Vec<float, 4>::type{f, f, f, f};
+}
 __attribute__((always_inline)) inline Vec<int32_t, 4>::type WidenBytes(const uint8_t* p) {
   Vec<int8_t, 4>::type b;
   __builtin_memcpy(&b, p, sizeof(b));
@@ -168,45 +193,36 @@ GemmWeights GemmWeights::FromRow(int64_t r) const {
 namespace {
 
 // Rewrites every whole group of the [n, k] matrix at `data` (elements of
-// kESize bytes), packing it or (unpack) undoing that. Whole pieces move with
-// fixed-size copies (a few vector moves each): a model's weights are
-// rearranged as they load.
+// kESize bytes), packing it or (unpack) undoing that. A group is copied
+// aside and its elements moved a tile of kTileK elements of k at a time, so
+// the tile's slabs stay in L1 while its rows are read (or written) in runs.
 template <size_t kESize>
-void RearrangeGroups(void* data, int64_t n, int64_t k, bool unpack) {
-  constexpr int64_t kG = kGemmGroupRows, kC = kGemmGroupChunk;
-  constexpr size_t kPieceBytes = kC * kESize;
+void RearrangeGroups(void* data, DType dtype, int64_t n, int64_t k, bool unpack) {
+  using E =
+      std::conditional_t<kESize == 4, uint32_t, std::conditional_t<kESize == 2, uint16_t, uint8_t>>;
+  constexpr int64_t kG = kGemmGroupRows, kTileK = 16;
+  int64_t position[kG];
+  for (int64_t r = 0; r < kG; ++r) position[r] = GemmSlabPosition(dtype, r);
   const int64_t groups = n / kG;
-  const int64_t k16 = k / kC * kC;
-  const size_t row_bytes = static_cast<size_t>(k) * kESize;
-  const size_t group_bytes = kG * row_bytes;
-  const size_t tail_bytes = static_cast<size_t>(k - k16) * kESize;
+  const size_t group_elems = static_cast<size_t>(kG * k);
   ParallelFor(groups, [&](int64_t g) {
-    thread_local std::vector<char> scratch;
-    if (scratch.size() < group_bytes) scratch.resize(group_bytes);
-    char* group = static_cast<char*>(data) + static_cast<size_t>(g) * group_bytes;
-    std::memcpy(scratch.data(), group, group_bytes);
-    for (int64_t r = 0; r < kG; ++r) {
-      // Row r's pieces: row-major at r * row_bytes + p, packed at
-      // (p * kG + r * kC) elements; its tail after the whole pieces.
-      char* row_major = (unpack ? group : scratch.data()) + r * row_bytes;
-      char* packed = (unpack ? scratch.data() : group) + r * kPieceBytes;
-      for (int64_t p = 0; p < k16; p += kC) {
-        char* rm = row_major + static_cast<size_t>(p) * kESize;
-        char* pk = packed + static_cast<size_t>(p * kG) * kESize;
-        if (unpack) {
-          std::memcpy(rm, pk, kPieceBytes);
-        } else {
-          std::memcpy(pk, rm, kPieceBytes);
-        }
-      }
-      if (tail_bytes > 0) {
-        char* rm = row_major + static_cast<size_t>(k16) * kESize;
-        char* pk = (unpack ? scratch.data() : group) + static_cast<size_t>(kG * k16) * kESize +
-                   r * tail_bytes;
-        if (unpack) {
-          std::memcpy(rm, pk, tail_bytes);
-        } else {
-          std::memcpy(pk, rm, tail_bytes);
+    thread_local std::vector<E> scratch;
+    if (scratch.size() < group_elems) scratch.resize(group_elems);
+    E* group = static_cast<E*>(data) + static_cast<size_t>(g) * group_elems;
+    std::memcpy(scratch.data(), group, group_elems * kESize);
+    const E* from = scratch.data();
+    E* to = group;
+    for (int64_t p0 = 0; p0 < k; p0 += kTileK) {
+      const int64_t p1 = std::min(k, p0 + kTileK);
+      for (int64_t r = 0; r < kG; ++r) {
+        // Row r's elements [p0, p1): row-major at r k + p, packed at
+        // p kG + position[r].
+        for (int64_t p = p0; p < p1; ++p) {
+          if (unpack) {
+            to[r * k + p] = from[p * kG + position[r]];
+          } else {
+            to[p * kG + position[r]] = from[r * k + p];
+          }
         }
       }
     }
@@ -216,15 +232,26 @@ void RearrangeGroups(void* data, int64_t n, int64_t k, bool unpack) {
 void RearrangeGroups(void* data, DType dtype, int64_t n, int64_t k, bool unpack) {
   switch (DTypeSize(dtype)) {
     case 4:
-      return RearrangeGroups<4>(data, n, k, unpack);
+      return RearrangeGroups<4>(data, dtype, n, k, unpack);
     case 2:
-      return RearrangeGroups<2>(data, n, k, unpack);
+      return RearrangeGroups<2>(data, dtype, n, k, unpack);
     default:
-      return RearrangeGroups<1>(data, n, k, unpack);
+      return RearrangeGroups<1>(data, dtype, n, k, unpack);
   }
 }
 
 }  // namespace
+
+int64_t GemmSlabPosition(DType dtype, int64_t r) {
+  switch (DTypeSize(dtype)) {
+    case 4:
+      return r;
+    case 2:
+      return 2 * (r % 16 + 16 * (r / 32)) + (r % 32) / 16;
+    default:
+      return 4 * (r % 16) + r / 16;
+  }
+}
 
 int64_t PackGemmRowGroups(void* data, DType dtype, int64_t n, int64_t k) {
   RearrangeGroups(data, dtype, n, k, /*unpack=*/false);

@@ -2,27 +2,33 @@
 // converted to f32 in registers. Every projection, expert and per-head
 // matmul of the host backend runs through it.
 //
-// Batch invariance by construction: every y[m][n] is summed in one fixed
-// order (kLanes partial sums striped over k, a fixed lane reduction, then the
-// scalar k tail) that depends only on k and the CPU's vector width, never on
-// the number of rows, which other rows are present, how n is split over
-// threads, or the weight dtype. So a request's result does not depend on the
-// batch it runs in, and an fp8 or bf16 weight gives the bits of its
-// dequantized f32 value (runtime/core/fp8_blocks.h).
+// Two storage forms of w, each with its own fixed summation order:
+//   - Packed (the host's model weights, PackGemmRowGroups): groups of
+//     kGemmGroupRows rows stored element-major, so the kernel multiplies one
+//     x value by kLanes weights of different rows at once (an outer
+//     product). Every y[m][n] is one multiply-add chain over p = 0, 1, ...,
+//     k - 1 in order (fused where the ISA has FMA): no partial sums, no
+//     reduction, and one order for every ISA with FMA.
+//   - Row-major: kLanes partial sums striped over k, a fixed lane reduction,
+//     then the scalar k tail; the order depends on k and the vector width.
+// Neither order depends on the number of rows, which other rows are present,
+// how n is split over threads, or the weight dtype. So a request's result
+// does not depend on the batch it runs in, and an fp8 or bf16 weight gives
+// the bits of its dequantized f32 value stored the same way
+// (runtime/core/fp8_blocks.h). A weight is always stored one way (the
+// loader packs whole groups; the rows after the last whole group stay
+// row-major), so each output's order is fixed.
 //
 // Memory traffic: w is read from memory once per panel of kGemmPanelRows rows
-// of x (each group of w rows is then reused from cache for every row block),
-// so a decode step streams its weights once at any batch up to the panel.
+// of x (a slice of w is reused from L1 for every block of rows), so a decode
+// step streams its weights once at any batch up to the panel, in one
+// sequential stream per packed group.
 //
-// Row groups: the kernel reads kGemmGroupRows rows of w side by side. Stored
-// row-major, that is kGemmGroupRows memory streams a row apart, which the
-// hardware prefetchers follow far worse than one (on a 2-core AVX-512 host,
-// a one-row bf16 product over expert-sized matrices read at about 0.73 of a
-// plain read's bandwidth). Weights packed with PackGemmRowGroups (the host's
-// model weights are) interleave each group's rows in kGemmGroupChunk-element
-// pieces, so the kernel reads one sequential stream (0.95 and more there).
-// The layout changes where elements are read from, never the order of the
-// sums: packed and row-major weights give the same bits.
+// Conversion: the packed layout interleaves rows so that one vector load
+// converts with plain shifts and masks (no shuffles): a bf16 is the top half
+// of an f32, so of 32-bit words holding two bf16 weights, `word << 16` and
+// `word & 0xffff0000` are two vectors of f32 weights; an e4m3 byte moved to
+// an f32's top bits and masked is its value times 2^-120.
 #pragma once
 
 #include <cstdint>
@@ -36,15 +42,17 @@ namespace mlag::host {
 inline constexpr int64_t kGemmPanelRows = 64;
 
 // The packed layout of an [n, k] weight: rows [0, n / kGemmGroupRows *
-// kGemmGroupRows) in groups of kGemmGroupRows rows, each group's 4k elements
-// in place of its rows; the remaining rows row-major after them. Within a
-// group, k is cut into pieces of kGemmGroupChunk elements (the last piece
-// k % kGemmGroupChunk wide if not whole), and piece c holds that piece of row
-// 0, then of row 1, and so on: element (r, p) of the group is at
-//   (p - p % C) * G + r * width(c) + p % C,   C = kGemmGroupChunk,
-// G = kGemmGroupRows, width(c) = min(C, k - p + p % C).
-inline constexpr int64_t kGemmGroupRows = 4;
-inline constexpr int64_t kGemmGroupChunk = 16;
+// kGemmGroupRows) in groups of kGemmGroupRows (64) rows, each group's 64 k
+// elements in place of its rows; the remaining rows row-major after them.
+// Within a group, element p of the 64 rows forms slab p (64 elements, at
+// group + 64 p), in which row r sits at position
+//   f32:  r;
+//   bf16: 2 (r % 16 + 16 (r / 32)) + (r % 32) / 16  (32-bit word r % 16 +
+//         16 (r / 32) holds row r % 16 + 32 (r / 32) in its low half and
+//         that row + 16 in its high half);
+//   fp8:  4 (r % 16) + r / 16  (byte j of word w holds row w + 16 j).
+// GemmSlabPosition gives it.
+inline constexpr int64_t kGemmGroupRows = 64;
 
 // The weight operand: n rows of k elements.
 struct GemmWeights {
@@ -56,13 +64,17 @@ struct GemmWeights {
   const float* scales = nullptr;
   int64_t scales_ld = 0;
   // Rows [0, packed_rows) are in the packed layout (a multiple of
-  // kGemmGroupRows; ld must then be k); the rest row-major.
+  // kGemmGroupRows; ld must then be k); the rest row-major. The fp8 scales
+  // stay per row either way.
   int64_t packed_rows = 0;
 
   // The same weights from row `r` on. In the packed rows, r must be a
   // multiple of kGemmGroupRows.
   GemmWeights FromRow(int64_t r) const;
 };
+
+// Where row r (< kGemmGroupRows) of a packed group sits within each slab.
+int64_t GemmSlabPosition(DType dtype, int64_t r);
 
 // Rearranges the [n, k] matrix at `data` (contiguous, elements of `dtype`:
 // f32, bf16 or fp8) in place into the packed layout; returns its packed_rows.

@@ -14,6 +14,9 @@ namespace {
 
 constexpr int64_t kKeyTile = 32;              // cache rows scored together
 constexpr int64_t kPrefillQueryVectors = 64;  // (row, head) pairs per prefill work item
+// The transposed queries are padded to a multiple of this (every host
+// vector width divides it).
+constexpr int64_t kQueryLanes = 16;
 
 // The cache rows of one sequence: token s lives in block blocks[s / block_size]
 // at offset s % block_size.
@@ -45,8 +48,10 @@ struct Queries {
 struct Scratch {
   std::vector<float> rows;  // bf16 cache rows converted to f32, kKeyTile * row
   std::vector<const float*> row_ptr;
-  std::vector<float> probs;      // count * kKeyTile: scores, then probabilities
-  std::vector<float> pe_scores;  // count * kKeyTile: the rope part of the scores
+  std::vector<float> queries_t;          // (Rkv + dr) * padded count: the queries transposed
+  std::vector<const float*> query_rows;  // its rows
+  std::vector<float> scores_t;           // kKeyTile * padded count: the scores, key-major
+  std::vector<float> probs;              // count * kKeyTile: the probabilities
   std::vector<OnlineSoftmaxState> state;
   std::vector<float> acc;  // count * Rkv
   std::vector<const float*> latent;
@@ -71,45 +76,37 @@ void Axpy(float alpha, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
-// scores[q * ld_scores + j] = x_q . rows[j][offset, offset + k) for the
-// queries' vectors x (one pointer each) and the tile's n rows, through the
-// host GEMM: every score is summed in the GEMM's fixed order, so it does not
-// depend on which queries or rows share a call. Calls are made per run of
-// queries at one stride and per run of rows contiguous in the cache.
-void ScoreTile(const float* const* x, int64_t nq, const float* const* rows, int64_t n,
-               int64_t row_len, int64_t offset, int64_t k, float* scores, int64_t ld_scores) {
-  for (int64_t q0 = 0; q0 < nq;) {
-    int64_t q1 = q0 + 1;
-    const int64_t ldx = q1 < nq ? x[q1] - x[q0] : k;
-    while (q1 < nq && x[q1] - x[q1 - 1] == ldx) ++q1;
-    for (int64_t j0 = 0; j0 < n;) {
-      int64_t j1 = j0 + 1;
-      while (j1 < n && rows[j1] == rows[j1 - 1] + row_len) ++j1;
-      GemmWeights w;
-      w.data = rows[j0] + offset;
-      w.ld = row_len;
-      GemmNT(q1 - q0, j1 - j0, k, x[q0], ldx, w, scores + q0 * ld_scores + j0, ld_scores);
-      j0 = j1;
-    }
-    q0 = q1;
-  }
-}
-
 // Folds cache tokens [key_begin, key_end) into the online softmax of every
 // query: state[q] and acc[q * rkv, (q + 1) * rkv). Each tile of cache rows
 // is scored and accumulated by every query as two small GEMMs (MQA over the
-// latent). A query's bits depend only on its own vectors, the keys and the
-// tile boundaries (kKeyTile from key_begin), not on the other queries.
+// latent), both GemmNNAccumulate: a score is one multiply-add chain over the
+// key's rkv + dr elements in order (the queries transposed, one lane each),
+// and an output element one chain over the tile's keys in order. A query's
+// bits depend only on its own vectors, the keys and the tile boundaries
+// (kKeyTile from key_begin), not on the other queries.
 void AttendRange(const SeqKeys& keys, int64_t rkv, int64_t dr, float scale, const Queries& qs,
                  int64_t key_begin, int64_t key_end, OnlineSoftmaxState* state, float* acc,
                  Scratch& sc) {
   const int64_t nq = qs.count;
+  const int64_t dim = rkv + dr;
+  const int64_t ldq = (nq + kQueryLanes - 1) / kQueryLanes * kQueryLanes;
+  // queries_t[p * ldq + q]: element p of query q's [latent | pe], as a
+  // cache row holds [latent | pe]; zeros in the padding lanes.
+  GrowTo(sc.queries_t, dim * ldq);
+  sc.query_rows.resize(static_cast<size_t>(dim));
+  float* queries_t = sc.queries_t.data();
+  for (int64_t q = 0; q < ldq; ++q) {  // each query read in order
+    for (int64_t p = 0; p < dim; ++p) {
+      queries_t[p * ldq + q] = q >= nq ? 0.0f : p < rkv ? qs.latent[q][p] : qs.pe[q][p - rkv];
+    }
+  }
+  for (int64_t p = 0; p < dim; ++p) sc.query_rows[p] = queries_t + p * ldq;
   sc.row_ptr.resize(kKeyTile);
+  GrowTo(sc.scores_t, kKeyTile * ldq);
   sc.probs.resize(static_cast<size_t>(nq * kKeyTile));
-  sc.pe_scores.resize(static_cast<size_t>(nq * kKeyTile));
   if (keys.dtype != DType::kF32) sc.rows.resize(static_cast<size_t>(kKeyTile * keys.row));
+  float* scores_t = sc.scores_t.data();
   float* probs = sc.probs.data();
-  float* pe_scores = sc.pe_scores.data();
   for (int64_t t0 = key_begin; t0 < key_end; t0 += kKeyTile) {
     const int64_t n = std::min(kKeyTile, key_end - t0);
     for (int64_t j = 0; j < n; ++j) {
@@ -122,14 +119,21 @@ void AttendRange(const SeqKeys& keys, int64_t rkv, int64_t dr, float scale, cons
         sc.row_ptr[j] = dst;
       }
     }
-    ScoreTile(qs.latent, nq, sc.row_ptr.data(), n, keys.row, 0, rkv, probs, kKeyTile);
-    ScoreTile(qs.pe, nq, sc.row_ptr.data(), n, keys.row, rkv, dr, pe_scores, kKeyTile);
+    // scores_t[j * ldq + q] = key j . query q, per run of keys contiguous in
+    // the cache (one row stride).
+    std::fill(scores_t, scores_t + n * ldq, 0.0f);
+    for (int64_t j0 = 0; j0 < n;) {
+      int64_t j1 = j0 + 1;
+      while (j1 < n && sc.row_ptr[j1] == sc.row_ptr[j1 - 1] + keys.row) ++j1;
+      GemmNNAccumulate(j1 - j0, ldq, dim, sc.row_ptr[j0], keys.row, sc.query_rows.data(),
+                       scores_t + j0 * ldq, ldq);
+      j0 = j1;
+    }
     for (int64_t q = 0; q < nq; ++q) {
       float* p = probs + q * kKeyTile;
-      const float* pe = pe_scores + q * kKeyTile;
       float tile_max = -INFINITY;
       for (int64_t j = 0; j < n; ++j) {
-        p[j] = t0 + j < qs.limit[q] ? scale * (p[j] + pe[j]) : -INFINITY;
+        p[j] = t0 + j < qs.limit[q] ? scale * scores_t[j * ldq + q] : -INFINITY;
         tile_max = std::max(tile_max, p[j]);
       }
       const float alpha = OnlineSoftmaxRescale(&state[q], tile_max);

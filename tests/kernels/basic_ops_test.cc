@@ -205,14 +205,19 @@ TEST(RmsNormTest, RejectsBadArguments) {
 
 // ---- Linear ---------------------------------------------------------------------------------
 
-// The host GEMM directly, for each weight dtype, on row counts around its
-// row blocks and panel, widths around the vector lengths (16, 8, 4 lanes;
-// partial groups of w rows; k past one fp8 block), with strided x and y:
+// The host GEMM directly, for each weight dtype and both storage forms
+// (row-major, and packed in row groups by PackGemmRowGroups), on row counts
+// around its row blocks and panel, widths around the vector lengths (16, 8,
+// 4 lanes) and the 64-row groups (partial groups, rows after the last whole
+// one), k past one fp8 block, with strided x and y:
 //   - against a double-precision product of the dequantized weights;
 //   - each row's result independent of the other rows present (computed
 //     alone, it is the same bits): batch invariance;
-//   - bf16 and fp8 weights give the bits of their f32 dequantized values;
-//   - weights packed in row groups give the same bits as row-major ones.
+//   - the same bits for the outputs of a column range (from a later row of
+//     w on, or fewer rows): how Linear splits n over threads;
+//   - bf16 and fp8 weights give the bits of their f32 dequantized values
+//     stored the same way;
+//   - packing moves the bytes, and unpacking restores them.
 // Skips when MLAG_HOST_ISA asks for a variant this CPU cannot run.
 void SkipUnlessRequestedIsa() {
   const char* isa = std::getenv("MLAG_HOST_ISA");
@@ -221,11 +226,25 @@ void SkipUnlessRequestedIsa() {
   }
 }
 
+// A copy of `w` (n x k, contiguous) and its GemmWeights, packed or not.
+struct StoredWeights {
+  StoredWeights(const host::GemmWeights& w, int64_t n, int64_t k, bool pack)
+      : bytes(static_cast<const char*>(w.data),
+              static_cast<const char*>(w.data) + n * k * DTypeSize(w.dtype)),
+        gemm(w) {
+    gemm.data = bytes.data();
+    if (pack) gemm.packed_rows = host::PackGemmRowGroups(bytes.data(), w.dtype, n, k);
+  }
+  std::vector<char> bytes;
+  host::GemmWeights gemm;
+};
+
 TEST(GemmTest, MatchesReferenceAndIsIndependentOfBatchAndDtype) {
   SkipUnlessRequestedIsa();
   SCOPED_TRACE(host::GemmIsa());
+  const int64_t g = host::kGemmGroupRows;
   for (int64_t k : {1, 5, 16, 31, 100, 131, 300}) {
-    for (int64_t n : {1, 3, 4, 9, 37}) {
+    for (int64_t n : {1, 3, 9, 37, 64, 67, 130}) {
       for (int64_t rows : {1, 2, 5, 6, 7, 13, 31, 64, 70}) {
         const int64_t ldx = k + 3, ldy = n + 2;
         const std::vector<float> x =
@@ -250,86 +269,75 @@ TEST(GemmTest, MatchesReferenceAndIsIndependentOfBatchAndDtype) {
           host::GemmWeights w;
           const std::vector<float>* value;
         };
-        host::GemmWeights f32{w_src.data(), DType::kF32, k};
-        host::GemmWeights bf16{w_bf16.data(), DType::kBF16, k};
-        host::GemmWeights fp8{w_fp8.data(), DType::kF8E4M3, k, row_scales.data(), Fp8Blocks(k)};
-        host::GemmWeights bf16_as_f32{bf16_value.data(), DType::kF32, k};
-        host::GemmWeights fp8_as_f32{fp8_value.data(), DType::kF32, k};
+        const host::GemmWeights f32{w_src.data(), DType::kF32, k};
+        const host::GemmWeights bf16{w_bf16.data(), DType::kBF16, k};
+        const host::GemmWeights fp8{w_fp8.data(), DType::kF8E4M3, k, row_scales.data(),
+                                    Fp8Blocks(k)};
+        const host::GemmWeights bf16_as_f32{bf16_value.data(), DType::kF32, k};
+        const host::GemmWeights fp8_as_f32{fp8_value.data(), DType::kF32, k};
         const Form forms[] = {
             {"f32", f32, &w_src}, {"bf16", bf16, &bf16_value}, {"fp8", fp8, &fp8_value}};
-        for (const Form& form : forms) {
-          SCOPED_TRACE(::testing::Message()
-                       << form.name << " " << rows << " x " << n << " x " << k);
-          std::vector<float> y(static_cast<size_t>(rows * ldy), -7.0f);
-          host::GemmNT(rows, n, k, x.data(), ldx, form.w, y.data(), ldy);
-          double err = 0.0, ref = 0.0;
-          for (int64_t m = 0; m < rows; ++m) {
-            for (int64_t j = 0; j < n; ++j) {
-              double acc = 0.0;
-              for (int64_t p = 0; p < k; ++p) {
-                acc += static_cast<double>(x[m * ldx + p]) * (*form.value)[j * k + p];
+        for (bool pack : {false, true}) {
+          for (const Form& form : forms) {
+            SCOPED_TRACE(::testing::Message() << form.name << (pack ? " packed " : " ") << rows
+                                              << " x " << n << " x " << k);
+            const StoredWeights stored(form.w, n, k, pack);
+            const host::GemmWeights& w = stored.gemm;
+            if (pack) {
+              EXPECT_EQ(w.packed_rows, n / g * g);
+              if (w.packed_rows > 0 && k > 1) {
+                EXPECT_NE(std::memcmp(stored.bytes.data(), form.w.data, stored.bytes.size()), 0)
+                    << "packing moved nothing";
               }
-              err = std::max(err, std::abs(acc - y[m * ldy + j]));
-              ref = std::max(ref, std::abs(acc));
+              std::vector<char> unpacked = stored.bytes;
+              host::UnpackGemmRowGroups(unpacked.data(), w.dtype, n, k);
+              EXPECT_EQ(std::memcmp(unpacked.data(), form.w.data, unpacked.size()), 0)
+                  << "unpacked";
             }
-            EXPECT_EQ(y[m * ldy + n], -7.0f) << "wrote past the row";
-          }
-          EXPECT_LE(err / std::max(ref, 1e-30), kF32Tol);
-          RecordError("host gemm", err / std::max(ref, 1e-30));
-          // The last row alone gives the same bits as inside the batch.
-          std::vector<float> alone(static_cast<size_t>(n));
-          host::GemmNT(1, n, k, x.data() + (rows - 1) * ldx, ldx, form.w, alone.data(), n);
-          EXPECT_EQ(std::memcmp(alone.data(), y.data() + (rows - 1) * ldy, n * sizeof(float)), 0);
-          // Rows [1, rows) with the w rows from 1 on: the same bits again.
-          if (rows > 1 && n > 1) {
-            std::vector<float> part(static_cast<size_t>((rows - 1) * (n - 1)));
-            host::GemmNT(rows - 1, n - 1, k, x.data() + ldx, ldx, form.w.FromRow(1), part.data(),
-                         n - 1);
-            for (int64_t m = 1; m < rows; ++m) {
-              EXPECT_EQ(std::memcmp(part.data() + (m - 1) * (n - 1), y.data() + m * ldy + 1,
-                                    (n - 1) * sizeof(float)),
-                        0)
-                  << "row " << m;
+            std::vector<float> y(static_cast<size_t>(rows * ldy), -7.0f);
+            host::GemmNT(rows, n, k, x.data(), ldx, w, y.data(), ldy);
+            double err = 0.0, ref = 0.0;
+            for (int64_t m = 0; m < rows; ++m) {
+              for (int64_t j = 0; j < n; ++j) {
+                double acc = 0.0;
+                for (int64_t p = 0; p < k; ++p) {
+                  acc += static_cast<double>(x[m * ldx + p]) * (*form.value)[j * k + p];
+                }
+                err = std::max(err, std::abs(acc - y[m * ldy + j]));
+                ref = std::max(ref, std::abs(acc));
+              }
+              EXPECT_EQ(y[m * ldy + n], -7.0f) << "wrote past the row";
             }
-          }
-          // The same weights packed in row groups (PackGemmRowGroups): the
-          // same bits, whole and from a later group on; unpacking restores
-          // the rows.
-          {
-            const size_t esize = DTypeSize(form.w.dtype);
-            std::vector<char> packed(static_cast<size_t>(n * k) * esize);
-            std::memcpy(packed.data(), form.w.data, packed.size());
-            host::GemmWeights pw = form.w;
-            pw.data = packed.data();
-            pw.packed_rows = host::PackGemmRowGroups(packed.data(), form.w.dtype, n, k);
-            EXPECT_EQ(pw.packed_rows, n / host::kGemmGroupRows * host::kGemmGroupRows);
-            if (pw.packed_rows > 0 && k > host::kGemmGroupChunk) {  // else the same bytes
-              EXPECT_NE(std::memcmp(packed.data(), form.w.data, packed.size()), 0)
-                  << "packing moved nothing";
-            }
-            std::vector<float> yp(static_cast<size_t>(rows * ldy), -7.0f);
-            host::GemmNT(rows, n, k, x.data(), ldx, pw, yp.data(), ldy);
-            EXPECT_EQ(std::memcmp(yp.data(), y.data(), y.size() * sizeof(float)), 0) << "packed";
-            const int64_t g = host::kGemmGroupRows;
-            if (n > g) {
-              std::vector<float> part(static_cast<size_t>(rows * (n - g)));
-              host::GemmNT(rows, n - g, k, x.data(), ldx, pw.FromRow(g), part.data(), n - g);
-              for (int64_t m = 0; m < rows; ++m) {
-                EXPECT_EQ(std::memcmp(part.data() + m * (n - g), y.data() + m * ldy + g,
-                                      (n - g) * sizeof(float)),
+            EXPECT_LE(err / std::max(ref, 1e-30), kF32Tol);
+            RecordError(pack ? "host gemm, packed" : "host gemm", err / std::max(ref, 1e-30));
+            // The last row alone gives the same bits as inside the batch.
+            std::vector<float> alone(static_cast<size_t>(n));
+            host::GemmNT(1, n, k, x.data() + (rows - 1) * ldx, ldx, w, alone.data(), n);
+            EXPECT_EQ(std::memcmp(alone.data(), y.data() + (rows - 1) * ldy, n * sizeof(float)), 0);
+            // Rows [1, rows) of x, the outputs of w rows [c0, c1): the same
+            // bits again. c0 is a group boundary in the packed rows.
+            const int64_t c0 = pack ? (n > g ? g : 0) : 1;
+            const int64_t c1 = n - 1;
+            if (rows > 1 && c1 > c0) {
+              const int64_t width = c1 - c0;
+              std::vector<float> part(static_cast<size_t>((rows - 1) * width));
+              host::GemmNT(rows - 1, width, k, x.data() + ldx, ldx, w.FromRow(c0), part.data(),
+                           width);
+              for (int64_t m = 1; m < rows; ++m) {
+                EXPECT_EQ(std::memcmp(part.data() + (m - 1) * width, y.data() + m * ldy + c0,
+                                      width * sizeof(float)),
                           0)
-                    << "packed, from row " << g << ", row " << m;
+                    << "rows of w [" << c0 << ", " << c1 << "), row " << m;
               }
             }
-            host::UnpackGemmRowGroups(packed.data(), form.w.dtype, n, k);
-            EXPECT_EQ(std::memcmp(packed.data(), form.w.data, packed.size()), 0) << "unpacked";
-          }
-          // The same bits as the dequantized weights in f32.
-          if (form.value != &w_src) {
-            std::vector<float> y32(static_cast<size_t>(rows * ldy), -7.0f);
-            host::GemmNT(rows, n, k, x.data(), ldx,
-                         form.value == &bf16_value ? bf16_as_f32 : fp8_as_f32, y32.data(), ldy);
-            EXPECT_EQ(std::memcmp(y32.data(), y.data(), y.size() * sizeof(float)), 0);
+            // The same bits as the dequantized weights in f32, stored alike.
+            if (form.value != &w_src) {
+              const StoredWeights value(form.value == &bf16_value ? bf16_as_f32 : fp8_as_f32, n, k,
+                                        pack);
+              std::vector<float> y32(static_cast<size_t>(rows * ldy), -7.0f);
+              host::GemmNT(rows, n, k, x.data(), ldx, value.gemm, y32.data(), ldy);
+              EXPECT_EQ(std::memcmp(y32.data(), y.data(), y.size() * sizeof(float)), 0);
+            }
           }
         }
       }
