@@ -177,8 +177,9 @@ absl::Status Linear(Stream& stream, const Tensor& x, const LinearWeight& weight,
   });
 }
 
-absl::Status HeadMatmul(Stream& stream, const Tensor& x, const Tensor& weight, bool transpose_w,
+absl::Status HeadMatmul(Stream& stream, const Tensor& x, const LinearWeight& w, bool transpose_w,
                         const Tensor& out) {
+  const Tensor& weight = w.values;
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, x, "x"));
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, weight, "weight"));
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, out, "out"));
@@ -186,6 +187,11 @@ absl::Status HeadMatmul(Stream& stream, const Tensor& x, const Tensor& weight, b
   MLAG_RETURN_IF_ERROR(CheckWeightF32(weight));
   MLAG_RETURN_IF_ERROR(CheckDType(out, "out", {DType::kF32}));
   MLAG_RETURN_IF_ERROR(CheckShape(x, "x", {-1, -1, -1}));
+  if (w.host_row_groups && (stream.is_cuda() || !transpose_w)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weight: packed in the host GEMM's row groups; ",
+        stream.is_cuda() ? "CUDA reads row-major weights" : "only transpose_w reads them"));
+  }
   const int64_t heads = x.size(1);
   const int64_t k = x.size(2);
   if (transpose_w) {
@@ -212,8 +218,8 @@ absl::Status HeadMatmul(Stream& stream, const Tensor& x, const Tensor& weight, b
     return cuda_blas::HeadMatmul(stream, x, weight, transpose_w, out);
 #endif
   }
-  return stream.LaunchHost("head_matmul", OpKind::kGemm, [x, weight, transpose_w, out] {
-    host::HeadMatmul(x, weight, transpose_w, out);
+  return stream.LaunchHost("head_matmul", OpKind::kGemm, [x, w, transpose_w, out] {
+    host::HeadMatmul(x, w, transpose_w, out);
     return absl::OkStatus();
   });
 }

@@ -87,10 +87,11 @@ absl::Status Linear(Stream& stream, const Tensor& x, const LinearWeight& weight,
 // q_nope [T,H,dn] -> q_latent [T,H,Rkv] uses W_UK [H, dn, Rkv] untransposed;
 // latent output [T,H,Rkv] -> v [T,H,dv] uses W_UV [H, dv, Rkv] transposed.
 // Host: transpose_w runs GemmNT per head (batch-invariant, the layout the
-// model uses); the other layout runs sgemm per head.
+// model uses; the model's W is packed per head, PackForLinear); the other
+// layout runs sgemm per head and takes row-major W only.
 // CUDA: one strided-batched cuBLASLt matmul over the heads, with the same
 // warm-up-before-capture rule as Linear.
-absl::Status HeadMatmul(Stream& stream, const Tensor& x, const Tensor& weight, bool transpose_w,
-                        const Tensor& out);
+absl::Status HeadMatmul(Stream& stream, const Tensor& x, const LinearWeight& weight,
+                        bool transpose_w, const Tensor& out);
 
 }  // namespace mlag

@@ -29,10 +29,12 @@ absl::Status MlaAttention::SetKvB(WeightArena& arena, const std::vector<float>& 
     }
     std::copy(head + dn * R, head + (dn + dv) * R, uv.begin() + h * dv * R);
   }
-  MLAG_ASSIGN_OR_RETURN(w_uk_, arena.Allocate({H, R, dn}));
-  MLAG_ASSIGN_OR_RETURN(w_uv_, arena.Allocate({H, dv, R}));
-  MLAG_RETURN_IF_ERROR(arena.Upload(uk, w_uk_));
-  return arena.Upload(uv, w_uv_);
+  MLAG_ASSIGN_OR_RETURN(w_uk_.values, arena.Allocate({H, R, dn}));
+  MLAG_ASSIGN_OR_RETURN(w_uv_.values, arena.Allocate({H, dv, R}));
+  MLAG_RETURN_IF_ERROR(arena.Upload(uk, w_uk_.values));
+  MLAG_RETURN_IF_ERROR(arena.Upload(uv, w_uv_.values));
+  MLAG_RETURN_IF_ERROR(PackForLinear(arena.device(), w_uk_));
+  return PackForLinear(arena.device(), w_uv_);
 }
 
 absl::Status MlaAttention::AbsorbQuery(Stream& stream, const Tensor& q_nope,

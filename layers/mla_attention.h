@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "kernels/linear.h"
 #include "kernels/mla_attention.h"
 #include "layers/attention_metadata.h"
 #include "layers/weight_arena.h"
@@ -63,8 +64,8 @@ class MlaAttention {
 
   float softmax_scale() const { return softmax_scale_; }
   const MlaDims& dims() const { return dims_; }
-  const Tensor& w_uk() const { return w_uk_; }
-  const Tensor& w_uv() const { return w_uv_; }
+  const LinearWeight& w_uk() const { return w_uk_; }
+  const LinearWeight& w_uv() const { return w_uv_; }
 
  private:
   std::string NodeName(const char* op) const;
@@ -72,8 +73,9 @@ class MlaAttention {
   int layer_;
   MlaDims dims_;
   float softmax_scale_;
-  Tensor w_uk_;  // [H, Rkv, dn]: W_UK[h] transposed, so both per-head matmuls are x W^T
-  Tensor w_uv_;  // [H, dv, Rkv]
+  // f32, packed per head on the host (PackForLinear).
+  LinearWeight w_uk_;  // [H, Rkv, dn]: W_UK[h] transposed, so both per-head matmuls are x W^T
+  LinearWeight w_uv_;  // [H, dv, Rkv]
   Tensor cache_;
   const MlaDecodeWorkspace* decode_workspace_ = nullptr;
 };

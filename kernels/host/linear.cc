@@ -84,7 +84,7 @@ void Linear(const Tensor& x, const LinearWeight& weight, const Tensor& y) {
   });
 }
 
-void HeadMatmul(const Tensor& x, const Tensor& weight, bool transpose_w, const Tensor& out) {
+void HeadMatmul(const Tensor& x, const LinearWeight& weight, bool transpose_w, const Tensor& out) {
   const int64_t rows = x.size(0);
   const int64_t heads = x.size(1);
   const int64_t k = x.size(2);
@@ -94,7 +94,7 @@ void HeadMatmul(const Tensor& x, const Tensor& weight, bool transpose_w, const T
   const int64_t lda = rows > 1 ? x.stride(0) : k;
   const int64_t ldc = rows > 1 ? out.stride(0) : n;
   const float* x_data = x.data_as<const float>();
-  const float* w_data = weight.data_as<const float>();
+  const float* w_data = weight.values.data_as<const float>();
   float* out_data = out.data_as<float>();
 
   auto one_head = [&](int64_t h) {
@@ -106,10 +106,7 @@ void HeadMatmul(const Tensor& x, const Tensor& weight, bool transpose_w, const T
     const float* a = x_data + h * x.stride(1);
     const float* b = w_data + h * k * n;
     if (transpose_w) {  // W[h] is [N, K]: y = x W[h]^T
-      GemmWeights w;
-      w.data = b;
-      w.ld = k;
-      GemmNT(rows, n, k, a, lda, w, c, ldc);
+      GemmNT(rows, n, k, a, lda, WeightsOf(weight.Select(h)), c, ldc);
       return;
     }
     // W[h] is [K, N]: y = x W[h].

@@ -19,8 +19,8 @@ GemmWeights WeightsOf(const LinearWeight& weight);
 void Linear(const Tensor& x, const LinearWeight& weight, const Tensor& y);
 
 // transpose_w: one GemmNT per head (batch-invariant; the layout the model
-// uses). Otherwise one cblas_sgemm per head, whose summation order depends
-// on the row count.
-void HeadMatmul(const Tensor& x, const Tensor& weight, bool transpose_w, const Tensor& out);
+// uses, packed or not). Otherwise one cblas_sgemm per head (row-major
+// weights), whose summation order depends on the row count.
+void HeadMatmul(const Tensor& x, const LinearWeight& weight, bool transpose_w, const Tensor& out);
 
 }  // namespace mlag::host

@@ -441,9 +441,16 @@ TEST(HeadMatmulTest, RejectsBadArguments) {
   Tensor aliased_heads = Tensor::Strided(out.t.data(), DType::kF32, {3, 4, 6}, {24, 3, 1});
   ExpectInvalid(HeadMatmul(st, x.t, w.t, false, aliased_heads), "out");
   EXPECT_EQ(st.launches(), launches) << "a rejected call launched something";
+  // Weights packed per head: only the transposed layout reads them.
+  LinearWeight packed_w(w.t), packed_w_t(w_t.t);
+  ASSERT_OK(PackForLinear(st.device(), packed_w));
+  ASSERT_OK(PackForLinear(st.device(), packed_w_t));
+  ExpectInvalid(HeadMatmul(st, x.t, packed_w, false, out.t), "weight");
+  EXPECT_EQ(st.launches(), launches) << "a rejected call launched something";
   // Both layouts accepted with matching shapes.
   EXPECT_OK(HeadMatmul(st, x.t, w.t, false, out.t));
   EXPECT_OK(HeadMatmul(st, x.t, w_t.t, true, out.t));
+  EXPECT_OK(HeadMatmul(st, x.t, packed_w_t, true, out.t));
 }
 
 // ---- SiluAndMul -----------------------------------------------------------------------------

@@ -32,14 +32,20 @@ std::vector<double> RefLinear(const std::vector<double>& xv, const std::vector<d
   return want;
 }
 
-void LinearCase(Context& ctx, int64_t rows, int64_t in, int64_t out, int64_t x_pad, int64_t y_pad) {
+// `pack`: the weight as the model holds it, PackForLinear (on the host,
+// packed in the GEMM's row groups; on CUDA, unchanged).
+void LinearCase(Context& ctx, int64_t rows, int64_t in, int64_t out, int64_t x_pad, int64_t y_pad,
+                bool pack) {
   Buf& x = ctx.Make("x", DType::kF32, {rows, in}, x_pad + 1, x_pad);
   ctx.Randomize(x);
   Buf& w = ctx.Make("weight", DType::kF32, {out, in});
   ctx.Randomize(w);
+  const std::vector<double> wv = w.Values();
+  LinearWeight weight(w.t);
+  if (pack) ASSERT_OK(PackForLinear(ctx.stream().device(), weight));
   Buf& y = ctx.Output("y", DType::kF32, {rows, out}, 2 * y_pad, y_pad);
-  ctx.RunOp({&y}, [&](Stream& s) { return Linear(s, x.t, w.t, y.t); });
-  ctx.ExpectClose(y, RefLinear(x.Values(), w.Values(), rows, in, out), Tolerance{});
+  ctx.RunOp({&y}, [&](Stream& s) { return Linear(s, x.t, weight, y.t); });
+  ctx.ExpectClose(y, RefLinear(x.Values(), wv, rows, in, out), Tolerance{});
 }
 
 // x as CUDA's FP8 GEMM sees it: each row quantized per 128-column block
@@ -70,7 +76,8 @@ std::vector<double> QuantizedRows(const std::vector<double>& xv, int64_t rows, i
 // that quantized x exactly (its products are exact; a GPU's tensor cores may
 // round the 32-term partial sums, hence 1e-3), and against the unquantized x
 // within e4m3's rounding (2^-4 relative per element).
-void LinearWeightDtypeCase(Context& ctx, DType dtype, int64_t rows, int64_t in, int64_t out) {
+void LinearWeightDtypeCase(Context& ctx, DType dtype, int64_t rows, int64_t in, int64_t out,
+                           bool pack) {
   Buf& x = ctx.Make("x", DType::kF32, {rows, in}, 3, 1);
   ctx.Randomize(x);
   Buf& w = ctx.Make("weight", dtype, {out, in});
@@ -90,6 +97,7 @@ void LinearWeightDtypeCase(Context& ctx, DType dtype, int64_t rows, int64_t in, 
     }
     weight.scales = scales.t;
   }
+  if (pack) ASSERT_OK(PackForLinear(ctx.stream().device(), weight));
   Buf& y = ctx.Output("y", DType::kF32, {rows, out}, 2, 1);
   ctx.RunOp({&y}, [&](Stream& s) { return Linear(s, x.t, weight, y.t); });
   if (ctx.is_cuda() && dtype == DType::kF8E4M3) {
@@ -109,7 +117,7 @@ struct HeadCase {
   bool head_major;  // x stored [H, T, K] and viewed as [T, H, K]
 };
 
-void HeadMatmulCase(Context& ctx, const HeadCase& c, bool transpose_w) {
+void HeadMatmulCase(Context& ctx, const HeadCase& c, bool transpose_w, bool pack) {
   const int64_t row = c.k + c.x_pad + 1;
   Buf& x = c.head_major ? ctx.MakeStrided("x", DType::kF32, {c.rows, c.heads, c.k},
                                           {row, c.rows * row, 1}, c.x_pad, 1)
@@ -119,9 +127,11 @@ void HeadMatmulCase(Context& ctx, const HeadCase& c, bool transpose_w) {
   Buf& w = transpose_w ? ctx.Make("weight", DType::kF32, {c.heads, c.n, c.k})
                        : ctx.Make("weight", DType::kF32, {c.heads, c.k, c.n});
   ctx.Randomize(w);
-  Buf& out = ctx.Output("out", DType::kF32, {c.rows, c.heads, c.n}, c.out_pad);
-  ctx.RunOp({&out}, [&](Stream& s) { return HeadMatmul(s, x.t, w.t, transpose_w, out.t); });
   const std::vector<double> xv = x.Values(), wv = w.Values();  // x as [T, H, K]
+  LinearWeight weight(w.t);
+  if (pack) ASSERT_OK(PackForLinear(ctx.stream().device(), weight));
+  Buf& out = ctx.Output("out", DType::kF32, {c.rows, c.heads, c.n}, c.out_pad);
+  ctx.RunOp({&out}, [&](Stream& s) { return HeadMatmul(s, x.t, weight, transpose_w, out.t); });
   std::vector<double> want;
   for (int64_t t = 0; t < c.rows; ++t) {
     for (int64_t h = 0; h < c.heads; ++h) {
@@ -149,28 +159,46 @@ void AddLinearCases(CaseList& cases) {
       const int64_t y_pad = (i % 2 == 0) ? 1 : 0;
       ++i;
       cases.Add("linear", absl::StrCat(rows, "x", in, " -> ", out, " pads ", x_pad, " ", y_pad),
-                [=](Context& ctx) { LinearCase(ctx, rows, in, out, x_pad, y_pad); });
+                [=](Context& ctx) { LinearCase(ctx, rows, in, out, x_pad, y_pad, false); });
+    }
+  }
+  // Packed weights: whole 64-row groups, then row-major rows after them.
+  for (int64_t rows : {1, 6, 25, 64}) {
+    for (auto [in, out] : {std::pair<int64_t, int64_t>{129, 70}, {200, 130}, {33, 256}}) {
+      cases.Add("linear", absl::StrCat(rows, "x", in, " -> ", out, " packed"),
+                [=](Context& ctx) { LinearCase(ctx, rows, in, out, 1, 1, true); });
     }
   }
   for (DType dtype : {DType::kBF16, DType::kF8E4M3}) {
     for (int64_t rows : {1, 3, 8, 33}) {
-      for (auto [in, out] : {std::pair<int64_t, int64_t>{37, 5}, {300, 70}, {129, 33}, {256, 17}}) {
-        cases.Add("linear", absl::StrCat(DTypeName(dtype), " weights ", rows, "x", in, " -> ", out),
-                  [=](Context& ctx) { LinearWeightDtypeCase(ctx, dtype, rows, in, out); });
+      for (auto [in, out] :
+           {std::pair<int64_t, int64_t>{37, 5}, {300, 70}, {129, 33}, {256, 17}, {140, 130}}) {
+        for (bool pack : {false, true}) {
+          if (pack && out < 64) continue;
+          cases.Add("linear",
+                    absl::StrCat(DTypeName(dtype), " weights ", rows, "x", in, " -> ", out,
+                                 pack ? " packed" : ""),
+                    [=](Context& ctx) { LinearWeightDtypeCase(ctx, dtype, rows, in, out, pack); });
+        }
       }
     }
   }
   const HeadCase heads[] = {
-      {1, 1, 7, 9, 0, 0, false},    {1, 5, 32, 24, 3, 1, false},   {3, 2, 33, 65, 1, 0, true},
-      {17, 5, 7, 129, 2, 2, false}, {17, 3, 129, 129, 0, 1, true}, {33, 3, 19, 24, 2, 3, false},
+      {1, 1, 7, 9, 0, 0, false},     {1, 5, 32, 24, 3, 1, false},   {3, 2, 33, 65, 1, 0, true},
+      {17, 5, 7, 129, 2, 2, false},  {17, 3, 129, 129, 0, 1, true}, {33, 3, 19, 24, 2, 3, false},
+      {5, 4, 128, 512, 0, 0, false}, {7, 2, 512, 128, 1, 0, true},
   };
   for (const HeadCase& c : heads) {
     for (bool transpose_w : {false, true}) {
-      cases.Add("head_matmul",
-                absl::StrCat(c.rows, " tokens ", c.heads, " heads ", c.k, "x", c.n, " pads ",
-                             c.x_pad, " ", c.out_pad, c.head_major ? " head-major" : "",
-                             transpose_w ? " W^T" : " W"),
-                [=](Context& ctx) { HeadMatmulCase(ctx, c, transpose_w); });
+      // Packed per head (as the model's absorbed matrices): W^T only.
+      for (bool pack : {false, true}) {
+        if (pack && !transpose_w) continue;
+        cases.Add("head_matmul",
+                  absl::StrCat(c.rows, " tokens ", c.heads, " heads ", c.k, "x", c.n, " pads ",
+                               c.x_pad, " ", c.out_pad, c.head_major ? " head-major" : "",
+                               transpose_w ? " W^T" : " W", pack ? " packed" : ""),
+                  [=](Context& ctx) { HeadMatmulCase(ctx, c, transpose_w, pack); });
+      }
     }
   }
 }
