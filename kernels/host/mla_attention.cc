@@ -237,11 +237,15 @@ absl::Status MlaDecode(const Tensor& q_latent, const Tensor& q_pe, const Tensor&
   // Work items: one split of a sequence (the whole sequence when it fits one
   // split) for a group of heads. Splits write a normalised partial output and
   // its LSE, merged afterwards. Head groups only spread a small batch over the
-  // threads: each (query, split) is computed alone whatever the grouping.
+  // threads: each (query, split) is computed alone whatever the grouping. A
+  // group's heads are the lanes of its score products (padded to
+  // kQueryLanes), so a group keeps at least kMinGroupHeads of them.
+  constexpr int64_t kMinGroupHeads = 8;
   int64_t ranges = 0;
   for (int64_t b = 0; b < batch; ++b) ranges += NumSplits(lens[b], split);
-  const int64_t groups = std::min<int64_t>(
-      heads, std::max<int64_t>(1, (2 * NumThreads() + ranges - 1) / std::max<int64_t>(ranges, 1)));
+  const int64_t groups =
+      std::clamp<int64_t>((NumThreads() + ranges - 1) / std::max<int64_t>(ranges, 1), 1,
+                          std::max<int64_t>(1, heads / kMinGroupHeads));
   const int64_t heads_per_group = (heads + groups - 1) / std::max<int64_t>(groups, 1);
   struct Item {
     int64_t b, begin, end, h0, h1;
