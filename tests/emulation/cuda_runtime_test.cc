@@ -69,7 +69,9 @@ class EmulatedRuntimeTest : public ::testing::Test {
 
   void TearDown() override {
     // cudaFreeHost waits for every stream: only once the test's are done.
-    if (peek_buffer_ != nullptr) EXPECT_EQ(cudaFreeHost(peek_buffer_), cudaSuccess);
+    if (peek_buffer_ != nullptr) {
+      EXPECT_EQ(cudaFreeHost(peek_buffer_), cudaSuccess);
+    }
   }
 
   // The first element, read on its own non-blocking stream (so ordered with

@@ -42,7 +42,9 @@ void LinearCase(Context& ctx, int64_t rows, int64_t in, int64_t out, int64_t x_p
   ctx.Randomize(w);
   const std::vector<double> wv = w.Values();
   LinearWeight weight(w.t);
-  if (pack) ASSERT_OK(PackForLinear(ctx.stream().device(), weight));
+  if (pack) {
+    ASSERT_OK(PackForLinear(ctx.stream().device(), weight));
+  }
   Buf& y = ctx.Output("y", DType::kF32, {rows, out}, 2 * y_pad, y_pad);
   ctx.RunOp({&y}, [&](Stream& s) { return Linear(s, x.t, weight, y.t); });
   ctx.ExpectClose(y, RefLinear(x.Values(), wv, rows, in, out), Tolerance{});
@@ -97,7 +99,9 @@ void LinearWeightDtypeCase(Context& ctx, DType dtype, int64_t rows, int64_t in, 
     }
     weight.scales = scales.t;
   }
-  if (pack) ASSERT_OK(PackForLinear(ctx.stream().device(), weight));
+  if (pack) {
+    ASSERT_OK(PackForLinear(ctx.stream().device(), weight));
+  }
   Buf& y = ctx.Output("y", DType::kF32, {rows, out}, 2, 1);
   ctx.RunOp({&y}, [&](Stream& s) { return Linear(s, x.t, weight, y.t); });
   if (ctx.is_cuda() && dtype == DType::kF8E4M3) {
@@ -129,7 +133,9 @@ void HeadMatmulCase(Context& ctx, const HeadCase& c, bool transpose_w, bool pack
   ctx.Randomize(w);
   const std::vector<double> xv = x.Values(), wv = w.Values();  // x as [T, H, K]
   LinearWeight weight(w.t);
-  if (pack) ASSERT_OK(PackForLinear(ctx.stream().device(), weight));
+  if (pack) {
+    ASSERT_OK(PackForLinear(ctx.stream().device(), weight));
+  }
   Buf& out = ctx.Output("out", DType::kF32, {c.rows, c.heads, c.n}, c.out_pad);
   ctx.RunOp({&out}, [&](Stream& s) { return HeadMatmul(s, x.t, weight, transpose_w, out.t); });
   std::vector<double> want;
