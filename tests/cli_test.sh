@@ -131,6 +131,10 @@ assert [d["batch"] for d in j["decode"]] == [1, 8], j["decode"]
 for d in j["decode"]:
     assert d["bytes_per_step"] > 0 and d["graph_ms"] > 0 and d["eager_ms"] > 0, d
     assert 0 < d["fraction_of_bandwidth"], d
+    # The ceiling beside each timing is one of the measurements the run's
+    # best is taken over.
+    assert 0 < d["bandwidth_gb_s"] <= j["machine"]["bandwidth_gb_s"], (d, j["machine"])
+    assert 0 < d["fraction_of_best_bandwidth"] <= d["fraction_of_bandwidth"], d
     assert d["contended_graph_ms"] > 0 and d["contended_vs_uncontended"] > 0, d
     ops = {o["op"]: o["ms_per_step"] for o in d["profile"]}
     assert "layers.*.moe.experts" in ops and "lm_head" in ops, sorted(ops)

@@ -75,7 +75,9 @@ void PrintBenchJson(const BenchReport& r) {
          {"bytes_per_step", d.bytes},
          {"experts_touched", d.experts_touched},
          {"achieved_gb_s", gbs},
-         {"fraction_of_bandwidth", gbs * 1e9 / r.bandwidth.bytes_per_second},
+         {"bandwidth_gb_s", d.bandwidth_bytes_per_second / 1e9},
+         {"fraction_of_bandwidth", Ratio(gbs * 1e9, d.bandwidth_bytes_per_second)},
+         {"fraction_of_best_bandwidth", Ratio(gbs * 1e9, r.bandwidth.bytes_per_second)},
          {"tokens_per_s_vs_batch1", tok_s_1 > 0 ? d.batch / (d.graph_ms / 1e3) / tok_s_1 : 0.0}});
     if (!d.profile_ms.empty()) {
       nlohmann::json ops = nlohmann::json::array();
@@ -127,13 +129,21 @@ void PrintBenchJson(const BenchReport& r) {
 
 void PrintBenchText(const BenchReport& r) {
   const double tok_s_1 = TokensPerSecondAtBatch1(r);
-  std::printf("machine: %s; memory bandwidth %.2f GB/s (%s, %.1f GiB buffer, best of 5",
+  std::printf("machine: %s; memory bandwidth %.2f GB/s at best (%s, %.1f GiB buffer",
               r.device_name.c_str(), r.bandwidth.bytes_per_second / 1e9, r.bandwidth.method,
               r.bandwidth_gib);
   if (r.bandwidth_runs_bytes_per_second.size() == 2) {
-    std::printf("; the better of %.2f GB/s before and %.2f GB/s after the decode timings",
+    std::printf("; best of 5: %.2f GB/s before and %.2f GB/s after the decode timings",
                 r.bandwidth_runs_bytes_per_second[0] / 1e9,
                 r.bandwidth_runs_bytes_per_second[1] / 1e9);
+  }
+  if (!r.decode.empty()) {
+    auto [lo, hi] = std::minmax_element(
+        r.decode.begin(), r.decode.end(), [](const DecodeResult& a, const DecodeResult& b) {
+          return a.bandwidth_bytes_per_second < b.bandwidth_bytes_per_second;
+        });
+    std::printf("; %.2f to %.2f GB/s beside them", lo->bandwidth_bytes_per_second / 1e9,
+                hi->bandwidth_bytes_per_second / 1e9);
   }
   if (!r.is_cuda) {
     std::printf("; read-sum %.2f GB/s, matrix-vector %.2f GB/s",
@@ -152,16 +162,18 @@ void PrintBenchText(const BenchReport& r) {
       "captured in %.3f s after a %.3f s warm-up\n\n",
       r.context_len, std::string(DTypeName(r.kv_dtype)).c_str(), r.steps, r.build_seconds,
       r.decode.size(), r.capture_seconds, r.warmup_seconds);
-  std::printf("%6s %10s %10s %8s %12s %12s %9s %8s %9s %7s %9s\n", "batch", "graph ms", "eager ms",
-              "speedup", "graph tok/s", "eager tok/s", "vs b=1", "experts", "GB/step", "GB/s",
-              "of bw");
+  std::printf("%6s %10s %10s %8s %12s %12s %9s %8s %9s %7s %9s %9s %8s\n", "batch", "graph ms",
+              "eager ms", "speedup", "graph tok/s", "eager tok/s", "vs b=1", "experts", "GB/step",
+              "GB/s", "bw GB/s", "of bw", "of best");
   for (const DecodeResult& d : r.decode) {
     const double gbs = d.bytes / (d.graph_ms / 1e3) / 1e9;
-    std::printf("%6d %10.2f %10.2f %7.2fx %12.1f %12.1f %8.2fx %8d %9.3f %7.2f %8.1f%%\n", d.batch,
-                d.graph_ms, d.eager_ms, d.eager_ms / d.graph_ms, d.batch / (d.graph_ms / 1e3),
-                d.batch / (d.eager_ms / 1e3),
-                tok_s_1 > 0 ? d.batch / (d.graph_ms / 1e3) / tok_s_1 : 0.0, d.experts_touched,
-                d.bytes / 1e9, gbs, 100.0 * gbs * 1e9 / r.bandwidth.bytes_per_second);
+    std::printf(
+        "%6d %10.2f %10.2f %7.2fx %12.1f %12.1f %8.2fx %8d %9.3f %7.2f %9.2f %8.1f%% %7.1f%%\n",
+        d.batch, d.graph_ms, d.eager_ms, d.eager_ms / d.graph_ms, d.batch / (d.graph_ms / 1e3),
+        d.batch / (d.eager_ms / 1e3), tok_s_1 > 0 ? d.batch / (d.graph_ms / 1e3) / tok_s_1 : 0.0,
+        d.experts_touched, d.bytes / 1e9, gbs, d.bandwidth_bytes_per_second / 1e9,
+        100.0 * Ratio(gbs * 1e9, d.bandwidth_bytes_per_second),
+        100.0 * Ratio(gbs * 1e9, r.bandwidth.bytes_per_second));
   }
   for (const DecodeResult& d : r.decode) {
     if (d.profile_ms.empty()) continue;
@@ -207,7 +219,9 @@ void PrintBenchText(const BenchReport& r) {
   }
   std::printf(
       "bytes/step = weights read (routed experts: those the batch routes to) + "
-      "KV cache of the batch; 'of bw' = achieved / measured bandwidth\n");
+      "KV cache of the batch; 'of bw' = achieved / the bandwidth measured beside the timing "
+      "('bw GB/s', the better of just before and just after); 'of best' = achieved / the "
+      "run's best\n");
 }
 
 }  // namespace mlag::cli

@@ -22,7 +22,10 @@ struct DecodeResult {
   double graph_ms = 0, eager_ms = 0;
   double contended_graph_ms = 0;  // with --contend busy threads; 0 when not run
   double bytes = 0;               // per step
-  int experts_touched = 0;        // summed over MoE layers
+  // The bandwidth ceiling beside the graph timing: the better of one
+  // measurement just before it and one just after.
+  double bandwidth_bytes_per_second = 0;
+  int experts_touched = 0;  // summed over MoE layers
   // --profile (host): eager milliseconds per step of each op, layer indices
   // folded ("layers.*.moe.experts"), most first.
   std::vector<std::pair<std::string, double>> profile_ms;
@@ -47,7 +50,9 @@ struct BenchReport {
   std::vector<GemmCost> gemm_cost;
   std::string device_name;
   bool is_cuda = false;
-  BandwidthMeasurement bandwidth;                       // the better of the two measurements
+  // The run's best: the best of every measurement, before and after the
+  // decode timings and beside each.
+  BandwidthMeasurement bandwidth;
   std::vector<double> bandwidth_runs_bytes_per_second;  // before and after the decode timings
   double bandwidth_gib = 0;                             // the measurement's buffer
   std::string model;

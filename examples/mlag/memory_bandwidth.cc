@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "kernels/host/parallel.h"
@@ -39,33 +40,28 @@ float SumFloats(const float* p, int64_t n) {
 
 }  // namespace
 
-absl::StatusOr<BandwidthMeasurement> MeasureMemoryBandwidth(Device& device, size_t bytes,
-                                                            int reps) {
-  BandwidthMeasurement m;
-  m.bytes = bytes;
+// The matrix-vector product's row length.
+constexpr int64_t kGemvCols = 2048;
+
+absl::StatusOr<std::unique_ptr<MemoryBandwidthProbe>> MemoryBandwidthProbe::Create(Device& device,
+                                                                                   size_t bytes) {
+  std::unique_ptr<MemoryBandwidthProbe> p(new MemoryBandwidthProbe());
+  p->device_ = &device;
+  p->bytes_ = bytes;
+  MLAG_ASSIGN_OR_RETURN(p->buffer_, device.Allocate(bytes));
   if (device.is_cuda()) {
 #if MLAG_HAVE_CUDA
-    MLAG_ASSIGN_OR_RETURN(Buffer src, device.Allocate(bytes));
-    MLAG_ASSIGN_OR_RETURN(Buffer dst, device.Allocate(bytes));
-    MLAG_CUDA_RETURN_IF_ERROR(cudaMemset(src.data(), 1, bytes));
-    MLAG_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice));
+    MLAG_ASSIGN_OR_RETURN(p->copy_, device.Allocate(bytes));
+    MLAG_CUDA_RETURN_IF_ERROR(cudaMemset(p->buffer_.data(), 1, bytes));
+    MLAG_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(p->copy_.data(), p->buffer_.data(), bytes, cudaMemcpyDeviceToDevice));
     MLAG_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
-    for (int r = 0; r < reps; ++r) {
-      auto t0 = std::chrono::steady_clock::now();
-      MLAG_CUDA_RETURN_IF_ERROR(
-          cudaMemcpy(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice));
-      MLAG_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
-      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      m.bytes_per_second = std::max(m.bytes_per_second, 2.0 * bytes / s);
-    }
-    m.method = "device-to-device cudaMemcpy (read + write bytes)";
-    return m;
+    return p;
 #else
     return absl::FailedPreconditionError("CUDA bandwidth in a build without CUDA");
 #endif
   }
-  MLAG_ASSIGN_OR_RETURN(Buffer buf, device.Allocate(bytes));
-  float* data = static_cast<float*>(buf.data());
+  float* data = static_cast<float*>(p->buffer_.data());
   const int64_t n = static_cast<int64_t>(bytes / sizeof(float));
   const int threads = host::NumThreads();
   // First touch from the threads that will read, as the weights are filled.
@@ -73,44 +69,78 @@ absl::StatusOr<BandwidthMeasurement> MeasureMemoryBandwidth(Device& device, size
     const int64_t b = n * t / threads, e = n * (t + 1) / threads;
     for (int64_t i = b; i < e; ++i) data[i] = 1.0f;
   });
-  std::vector<float> partial(threads);
+  p->partial_.resize(threads);
+  // The matrix-vector product streams the buffer as the model's weights are
+  // streamed: packed by PackForLinear.
+  const int64_t rows = n / kGemvCols;
+  p->x_.assign(kGemvCols, 1.0f);
+  p->y_.assign(static_cast<size_t>(rows), 0.0f);
+  MLAG_ASSIGN_OR_RETURN(p->stream_, Stream::Create(&device));
+  p->weight_ = LinearWeight(Tensor(data, DType::kF32, {rows, kGemvCols}));
+  MLAG_RETURN_IF_ERROR(PackForLinear(device, p->weight_));
+  return p;
+}
+
+absl::StatusOr<BandwidthMeasurement> MemoryBandwidthProbe::Measure(int reps) {
+  BandwidthMeasurement m;
+  m.bytes = bytes_;
+  if (device_->is_cuda()) {
+#if MLAG_HAVE_CUDA
+    for (int r = 0; r < reps; ++r) {
+      auto t0 = std::chrono::steady_clock::now();
+      MLAG_CUDA_RETURN_IF_ERROR(
+          cudaMemcpy(copy_.data(), buffer_.data(), bytes_, cudaMemcpyDeviceToDevice));
+      MLAG_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      m.bytes_per_second = std::max(m.bytes_per_second, 2.0 * bytes_ / s);
+    }
+    m.method = "device-to-device cudaMemcpy (read + write bytes)";
+    return m;
+#else
+    return absl::FailedPreconditionError("CUDA bandwidth in a build without CUDA");
+#endif
+  }
+  const float* data = static_cast<const float*>(buffer_.data());
+  const int64_t n = static_cast<int64_t>(bytes_ / sizeof(float));
+  const int threads = static_cast<int>(partial_.size());
   volatile float sink = 0;
   double sum_bps = 0.0;
   for (int r = 0; r < reps; ++r) {
     auto t0 = std::chrono::steady_clock::now();
     host::ParallelFor(threads, [&](int64_t t) {
       const int64_t b = n * t / threads, e = n * (t + 1) / threads;
-      partial[t] = SumFloats(data + b, e - b);
+      partial_[t] = SumFloats(data + b, e - b);
     });
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    for (float p : partial) sink = sink + p;
-    sum_bps = std::max(sum_bps, static_cast<double>(bytes) / s);
+    for (float p : partial_) sink = sink + p;
+    sum_bps = std::max(sum_bps, static_cast<double>(bytes_) / s);
   }
   (void)sink;
-  // The same buffer streamed by a matrix-vector product: the host Linear
-  // kernel at one row, on weights packed as the model's are (PackForLinear),
-  // whose prefetched single stream can reach more of the memory system than
-  // the plain loop above. The ceiling is the better of the two.
-  constexpr int64_t kCols = 2048;
-  const int64_t rows = n / kCols;
-  std::vector<float> x(kCols, 1.0f), y(static_cast<size_t>(rows));
-  MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, Stream::Create(&device));
-  LinearWeight w(Tensor(data, DType::kF32, {rows, kCols}));
-  MLAG_RETURN_IF_ERROR(PackForLinear(device, w));
-  const Tensor xt(x.data(), DType::kF32, {1, kCols});
-  const Tensor yt(y.data(), DType::kF32, {1, rows});
+  // The one-row Linear, whose prefetched single stream can reach more of the
+  // memory system than the plain loop above. The ceiling is the better of
+  // the two.
+  const int64_t rows = static_cast<int64_t>(y_.size());
+  const Tensor xt(x_.data(), DType::kF32, {1, kGemvCols});
+  const Tensor yt(y_.data(), DType::kF32, {1, rows});
   double gemv_bps = 0.0;
   for (int r = 0; r < reps; ++r) {
     auto t0 = std::chrono::steady_clock::now();
-    MLAG_RETURN_IF_ERROR(Linear(*stream, xt, w, yt));
+    MLAG_RETURN_IF_ERROR(Linear(*stream_, xt, weight_, yt));
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    gemv_bps = std::max(gemv_bps, static_cast<double>(rows * kCols * sizeof(float)) / s);
+    gemv_bps = std::max(gemv_bps, static_cast<double>(rows * kGemvCols * sizeof(float)) / s);
   }
   m.read_sum_bytes_per_second = sum_bps;
   m.gemv_bytes_per_second = gemv_bps;
   m.bytes_per_second = std::max(sum_bps, gemv_bps);
   m.method = "best of a parallel read-sum and a matrix-vector product over the buffer";
   return m;
+}
+
+absl::StatusOr<BandwidthMeasurement> MeasureMemoryBandwidth(Device& device, size_t bytes,
+                                                            int reps) {
+  MLAG_ASSIGN_OR_RETURN(std::unique_ptr<MemoryBandwidthProbe> probe,
+                        MemoryBandwidthProbe::Create(device, bytes));
+  return probe->Measure(reps);
 }
 
 }  // namespace mlag

@@ -3,9 +3,13 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/linear.h"
 #include "runtime/core/device.h"
+#include "runtime/core/stream.h"
 
 namespace mlag {
 
@@ -15,6 +19,30 @@ struct BandwidthMeasurement {
   double gemv_bytes_per_second = 0.0;      // host: Linear at one row over the buffer
   size_t bytes = 0;                        // buffer size
   const char* method = "";                 // what was timed
+};
+
+// A bandwidth measurement that can be repeated without allocating again:
+// the buffer is allocated, first touched (and on the host packed as a weight)
+// once, so a benchmark can take the ceiling right beside each timing. On a
+// shared machine whose memory bandwidth moves between phases, a ceiling taken
+// minutes away can land in another phase than the figure it bounds.
+class MemoryBandwidthProbe {
+ public:
+  // `bytes` should be far larger than the last-level cache.
+  static absl::StatusOr<std::unique_ptr<MemoryBandwidthProbe>> Create(Device& device, size_t bytes);
+  // The measurement MeasureMemoryBandwidth describes, best of `reps`.
+  absl::StatusOr<BandwidthMeasurement> Measure(int reps);
+
+ private:
+  MemoryBandwidthProbe() = default;
+
+  Device* device_ = nullptr;
+  size_t bytes_ = 0;
+  Buffer buffer_;
+  Buffer copy_;                     // CUDA: the copy's destination
+  std::unique_ptr<Stream> stream_;  // host: the Linear's stream
+  LinearWeight weight_;             // host: the buffer as a packed [rows, 2048] weight
+  std::vector<float> x_, y_, partial_;
 };
 
 // Host: the better of a read-only sum over a `bytes` buffer on every host
