@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/common/softmax_math.h"
+#include "kernels/host/attention_softmax.h"
 #include "kernels/host/gemm.h"
 #include "kernels/host/parallel.h"
 
@@ -14,9 +15,8 @@ namespace {
 
 constexpr int64_t kKeyTile = 32;              // cache rows scored together
 constexpr int64_t kPrefillQueryVectors = 64;  // (row, head) pairs per prefill work item
-// The transposed queries are padded to a multiple of this (every host
-// vector width divides it).
-constexpr int64_t kQueryLanes = 16;
+// The transposed queries are padded to a multiple of the softmax's lanes.
+constexpr int64_t kQueryLanes = kSoftmaxLanes;
 
 // The cache rows of one sequence: token s lives in block blocks[s / block_size]
 // at offset s % block_size.
@@ -41,7 +41,28 @@ struct Queries {
   const float* const* latent;  // count pointers to Rkv floats
   const float* const* pe;      // count pointers to dr floats
   const int64_t* limit;
+  // The same queries already transposed (TransposeQueries), or null.
+  const float* transposed = nullptr;
 };
+
+// Queries padded to a multiple of the softmax lanes.
+int64_t QueryLanes(int64_t count) { return (count + kQueryLanes - 1) / kQueryLanes * kQueryLanes; }
+
+// out[p * QueryLanes(count) + q]: element p of query q's [latent | pe], as a
+// cache row holds [latent | pe]; zeros in the padding lanes.
+void TransposeQueries(const Queries& qs, int64_t rkv, int64_t dr, float* out) {
+  const int64_t nq = qs.count;
+  const int64_t ldq = QueryLanes(nq);
+  for (int64_t q = 0; q < nq; ++q) {  // each query read in order
+    const float* latent = qs.latent[q];
+    const float* pe = qs.pe[q];
+    for (int64_t p = 0; p < rkv; ++p) out[p * ldq + q] = latent[p];
+    for (int64_t p = 0; p < dr; ++p) out[(rkv + p) * ldq + q] = pe[p];
+  }
+  if (nq < ldq) {
+    for (int64_t p = 0; p < rkv + dr; ++p) std::fill_n(out + p * ldq + nq, ldq - nq, 0.0f);
+  }
+}
 
 // Per-thread scratch, reused across calls so a work item does not allocate
 // once warm. Host ops may run on any thread, so nothing here is shared.
@@ -53,7 +74,8 @@ struct Scratch {
   std::vector<float> scores_t;           // kKeyTile * padded count: the scores, key-major
   std::vector<float> probs;              // count * kKeyTile: the probabilities
   std::vector<OnlineSoftmaxState> state;
-  std::vector<float> acc;  // count * Rkv
+  std::vector<float> lane_max, lane_sum, lane_limit;  // the softmax by query lane (SoftmaxLanes)
+  std::vector<float> acc;                             // count * Rkv
   std::vector<const float*> latent;
   std::vector<const float*> pe;
   std::vector<int64_t> limit;
@@ -81,26 +103,36 @@ void Axpy(float alpha, const float* x, float* y, int64_t n) {
 // is scored and accumulated by every query as two small GEMMs (MQA over the
 // latent), both GemmNNAccumulate: a score is one multiply-add chain over the
 // key's rkv + dr elements in order (the queries transposed, one lane each),
-// and an output element one chain over the tile's keys in order. A query's
-// bits depend only on its own vectors, the keys and the tile boundaries
-// (kKeyTile from key_begin), not on the other queries.
+// and an output element one chain over the tile's keys in order. Between
+// them, the tile's online softmax runs over all queries at once, one vector
+// lane each (SoftmaxTile). A query's bits depend only on its own vectors,
+// the keys and the tile boundaries (kKeyTile from key_begin), not on the
+// other queries. qs.transposed, when set, holds the queries as
+// TransposeQueries writes them.
 void AttendRange(const SeqKeys& keys, int64_t rkv, int64_t dr, float scale, const Queries& qs,
                  int64_t key_begin, int64_t key_end, OnlineSoftmaxState* state, float* acc,
                  Scratch& sc) {
   const int64_t nq = qs.count;
   const int64_t dim = rkv + dr;
-  const int64_t ldq = (nq + kQueryLanes - 1) / kQueryLanes * kQueryLanes;
-  // queries_t[p * ldq + q]: element p of query q's [latent | pe], as a
-  // cache row holds [latent | pe]; zeros in the padding lanes.
-  GrowTo(sc.queries_t, dim * ldq);
-  sc.query_rows.resize(static_cast<size_t>(dim));
-  float* queries_t = sc.queries_t.data();
-  for (int64_t q = 0; q < ldq; ++q) {  // each query read in order
-    for (int64_t p = 0; p < dim; ++p) {
-      queries_t[p * ldq + q] = q >= nq ? 0.0f : p < rkv ? qs.latent[q][p] : qs.pe[q][p - rkv];
-    }
+  const int64_t ldq = QueryLanes(nq);
+  const float* queries_t = qs.transposed;
+  if (queries_t == nullptr) {
+    GrowTo(sc.queries_t, dim * ldq);
+    TransposeQueries(qs, rkv, dr, sc.queries_t.data());
+    queries_t = sc.queries_t.data();
   }
+  sc.query_rows.resize(static_cast<size_t>(dim));
   for (int64_t p = 0; p < dim; ++p) sc.query_rows[p] = queries_t + p * ldq;
+  // The running softmax by lane; the padding lanes see no key.
+  sc.lane_max.resize(static_cast<size_t>(ldq));
+  sc.lane_sum.resize(static_cast<size_t>(ldq));
+  sc.lane_limit.resize(static_cast<size_t>(ldq));
+  for (int64_t q = 0; q < ldq; ++q) {
+    sc.lane_max[q] = q < nq ? state[q].max : -INFINITY;
+    sc.lane_sum[q] = q < nq ? state[q].sum : 0.0f;
+    sc.lane_limit[q] = q < nq ? static_cast<float>(qs.limit[q]) : 0.0f;
+  }
+  const SoftmaxLanes lanes{ldq, sc.lane_max.data(), sc.lane_sum.data(), sc.lane_limit.data()};
   sc.row_ptr.resize(kKeyTile);
   GrowTo(sc.scores_t, kKeyTile * ldq);
   sc.probs.resize(static_cast<size_t>(nq * kKeyTile));
@@ -129,28 +161,12 @@ void AttendRange(const SeqKeys& keys, int64_t rkv, int64_t dr, float scale, cons
                        scores_t + j0 * ldq, ldq);
       j0 = j1;
     }
-    for (int64_t q = 0; q < nq; ++q) {
-      float* p = probs + q * kKeyTile;
-      float tile_max = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) {
-        p[j] = t0 + j < qs.limit[q] ? scale * scores_t[j * ldq + q] : -INFINITY;
-        tile_max = std::max(tile_max, p[j]);
-      }
-      const float alpha = OnlineSoftmaxRescale(&state[q], tile_max);
-      if (alpha != 1.0f) {
-        float* a = acc + q * rkv;
-        for (int64_t i = 0; i < rkv; ++i) a[i] *= alpha;
-      }
-      float sum = 0.0f;
-      for (int64_t j = 0; j < n; ++j) {
-        p[j] = ExpShifted(p[j], state[q].max);
-        sum += p[j];
-      }
-      state[q].sum += sum;
-    }
+    // The online softmax of the tile, all queries at once (their lanes).
+    SoftmaxTile(lanes, nq, n, t0, scale, scores_t, probs, kKeyTile, acc, rkv);
     // acc[q] += sum_j p[q][j] * row_j[0, rkv): masked keys have p = 0.
     GemmNNAccumulate(nq, rkv, n, probs, kKeyTile, sc.row_ptr.data(), acc, rkv);
   }
+  for (int64_t q = 0; q < nq; ++q) state[q] = {sc.lane_max[q], sc.lane_sum[q]};
 }
 
 // out = acc / sum and the log-sum-exp; zeros and -inf for an empty softmax.
@@ -271,11 +287,35 @@ absl::Status MlaDecode(const Tensor& q_latent, const Tensor& q_pe, const Tensor&
   // page-faulted and zeroed by the kernel).
   // (Local references: the worker threads must see this thread's buffers,
   // not their own thread_local ones.)
-  thread_local std::vector<float> partial_out_buf, partial_lse_buf;
+  thread_local std::vector<float> partial_out_buf, partial_lse_buf, queries_t_buf;
   std::vector<float>& partial_out = partial_out_buf;
   std::vector<float>& partial_lse = partial_lse_buf;
   GrowTo(partial_out, num_partials * heads * rkv);
   GrowTo(partial_lse, num_partials * heads);
+  // The queries of each (sequence, head group), transposed once for all of
+  // the sequence's splits.
+  const int64_t num_groups = (heads + heads_per_group - 1) / std::max<int64_t>(heads_per_group, 1);
+  const int64_t group_floats = (rkv + dr) * QueryLanes(heads_per_group);
+  std::vector<float>& queries_t = queries_t_buf;
+  GrowTo(queries_t, batch * num_groups * group_floats);
+  auto transposed_of = [&](int64_t b, int64_t h0) {
+    return queries_t.data() + (b * num_groups + h0 / heads_per_group) * group_floats;
+  };
+  auto group_queries = [&](int64_t b, int64_t h0, int64_t h1, Scratch& sc, const int64_t* limit) {
+    sc.latent.resize(h1 - h0);
+    sc.pe.resize(h1 - h0);
+    for (int64_t h = h0; h < h1; ++h) {
+      sc.latent[h - h0] = RowHead(q_latent, b, h);
+      sc.pe[h - h0] = RowHead(q_pe, b, h);
+    }
+    return Queries{h1 - h0, sc.latent.data(), sc.pe.data(), limit, transposed_of(b, h0)};
+  };
+  ParallelFor(batch * num_groups, [&](int64_t i) {
+    const int64_t b = i / num_groups, h0 = i % num_groups * heads_per_group;
+    const int64_t h1 = std::min(heads, h0 + heads_per_group);
+    TransposeQueries(group_queries(b, h0, h1, ThreadScratch(), nullptr), rkv, dr,
+                     transposed_of(b, h0));
+  });
 
   float* out = out_latent.data_as<float>();
   float* lse_out = lse.data_as<float>();
@@ -283,16 +323,10 @@ absl::Status MlaDecode(const Tensor& q_latent, const Tensor& q_pe, const Tensor&
     const Item& item = items[i];
     const int64_t nh = item.h1 - item.h0;
     Scratch& sc = ThreadScratch();
-    sc.latent.resize(nh);
-    sc.pe.resize(nh);
     sc.limit.assign(nh, lens[item.b]);
     sc.state.assign(nh, OnlineSoftmaxInit());
     sc.acc.assign(static_cast<size_t>(nh * rkv), 0.0f);
-    for (int64_t h = item.h0; h < item.h1; ++h) {
-      sc.latent[h - item.h0] = RowHead(q_latent, item.b, h);
-      sc.pe[h - item.h0] = RowHead(q_pe, item.b, h);
-    }
-    const Queries qs{nh, sc.latent.data(), sc.pe.data(), sc.limit.data()};
+    const Queries qs = group_queries(item.b, item.h0, item.h1, sc, sc.limit.data());
     AttendRange(KeysOf(cache, block_table, item.b), rkv, dr, scale, qs, item.begin, item.end,
                 sc.state.data(), sc.acc.data(), sc);
     for (int64_t h = item.h0; h < item.h1; ++h) {

@@ -1,7 +1,8 @@
 // MLA kernels on the host against double-precision references written here:
 // YaRN constants (the formulas of the Hugging Face modeling_deepseek.py),
 // the rope table and rotation on interleaved pairs, the host decode's forced
-// split lengths, and the argument checks of kv_update, decode and prefill.
+// split lengths, the host attention's vectorised softmax tile and exp, and
+// the argument checks of kv_update, decode and prefill.
 // The numerical cases of kv_update, decode and prefill, written once for
 // every backend, are in tests/ops/cases_mla.cc.
 #include <algorithm>
@@ -16,6 +17,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/host/attention_softmax.h"
+#include "kernels/host/gemm.h"
 #include "kernels/host/mla_attention.h"
 #include "kernels/mla_attention.h"
 #include "kernels/mla_kv_update.h"
@@ -570,6 +573,196 @@ TEST(MlaHostInvarianceTest, DecodeAndPrefillGiveTheSameBitsAtEveryPosition) {
       EXPECT_EQ(std::memcmp(dlse.data() + me * H, lse.data() + p * H, H * sizeof(float)), 0);
     }
   }
+}
+
+// ============================================================================
+// The host attention's softmax tile (kernels/host/attention_softmax.h), on
+// the vector width this CPU picks (the kernels_attention_* tests run the
+// narrower ones).
+
+// Units in the last place of f32 between `got` and the exact `want`.
+double UlpError(float got, double want) {
+  const float w = static_cast<float>(want);
+  const double ulp = std::nextafter(std::fabs(w), INFINITY) - std::fabs(w);
+  return std::fabs(static_cast<double>(got) - want) / ulp;
+}
+
+TEST(ExpNonPositiveTest, WithinTwoUlpOfDouble) {
+  SCOPED_TRACE(host::GemmIsa());
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> wide(-87.3f, 0.0f), narrow(-1.0f, 0.0f);
+  double worst = 0;
+  for (int i = 0; i < 200000; ++i) {
+    const float x = i % 2 == 0 ? wide(rng) : narrow(rng);
+    worst = std::max(worst, UlpError(host::ExpNonPositive(x), std::exp(static_cast<double>(x))));
+  }
+  // Every multiple of ln2 / 2 near the range reduction's switch points.
+  for (int k = 0; k <= 250; ++k) {
+    for (float x : {-0.34657359f * k, std::nextafter(-0.34657359f * k, 0.0f)}) {
+      if (x < -87.3f) continue;
+      worst = std::max(worst, UlpError(host::ExpNonPositive(x), std::exp(static_cast<double>(x))));
+    }
+  }
+  EXPECT_LE(worst, 2.0);
+  RecordError("ExpNonPositive, ulp", worst);
+  EXPECT_EQ(host::ExpNonPositive(0.0f), 1.0f);
+  EXPECT_EQ(host::ExpNonPositive(-0.0f), 1.0f);
+  EXPECT_EQ(host::ExpNonPositive(-INFINITY), 0.0f);
+  EXPECT_EQ(host::ExpNonPositive(-87.4f), 0.0f);
+  EXPECT_EQ(host::ExpNonPositive(-1000.0f), 0.0f);
+  EXPECT_TRUE(std::isnan(host::ExpNonPositive(NAN)));
+}
+
+// The softmax of a tile sequence, tile by tile, for `lanes` lanes of which
+// the first nq are queries; rkv accumulator columns.
+struct SoftmaxRun {
+  std::vector<float> max, sum, acc, probs;  // probs of the last tile
+};
+
+SoftmaxRun RunTiles(int64_t lanes, int64_t nq, int64_t rkv, const std::vector<float>& limit,
+                    const std::vector<std::vector<float>>& tiles, int64_t key0, float scale,
+                    std::vector<std::vector<float>>* probs_per_tile = nullptr) {
+  SoftmaxRun r;
+  r.max.assign(lanes, -INFINITY);
+  r.sum.assign(lanes, 0.0f);
+  r.acc.assign(static_cast<size_t>(nq * rkv), 1.0f);
+  const host::SoftmaxLanes s{lanes, r.max.data(), r.sum.data(), limit.data()};
+  constexpr int64_t kLdp = 32;
+  for (const std::vector<float>& tile : tiles) {
+    const int64_t n = static_cast<int64_t>(tile.size()) / lanes;
+    std::vector<float> scores = tile;
+    r.probs.assign(static_cast<size_t>(nq * kLdp), -1.0f);
+    host::SoftmaxTile(s, nq, n, key0, scale, scores.data(), r.probs.data(), kLdp, r.acc.data(),
+                      rkv);
+    if (probs_per_tile != nullptr) probs_per_tile->push_back(r.probs);
+    key0 += n;
+  }
+  return r;
+}
+
+TEST(SoftmaxTileTest, MatchesAnOnlineSoftmaxInDouble) {
+  SCOPED_TRACE(host::GemmIsa());
+  constexpr int64_t kLanes = 32, kNq = 19, kRkv = 37, kLdp = 32, kKey0 = 100;
+  constexpr float kScale = 0.37f;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  // Tiles of 7, 32, 1 and 20 keys; query q sees keys below its limit: some
+  // none, some part of a tile, some all.
+  std::vector<std::vector<float>> tiles;
+  for (int64_t n : {7, 32, 1, 20}) {
+    std::vector<float> t(static_cast<size_t>(n * kLanes));
+    for (float& v : t) v = nd(rng);
+    tiles.push_back(t);
+  }
+  std::vector<float> limit(kLanes, 0.0f);
+  for (int64_t q = 0; q < kNq; ++q) limit[q] = static_cast<float>(kKey0 + (q * 13) % 62);
+  std::vector<std::vector<float>> probs;
+  const SoftmaxRun got = RunTiles(kLanes, kNq, kRkv, limit, tiles, kKey0, kScale, &probs);
+
+  double worst_p = 0, worst_sum = 0;
+  for (int64_t q = 0; q < kNq; ++q) {
+    // The same recurrence, the scaled scores and their maxima in f32 as the
+    // kernel forms them (exact), exp and sums in double.
+    float m = -INFINITY;
+    double sum = 0;
+    int64_t key = kKey0;
+    for (size_t t = 0; t < tiles.size(); ++t) {
+      const int64_t n = static_cast<int64_t>(tiles[t].size()) / kLanes;
+      std::vector<float> s(static_cast<size_t>(n));
+      float tile_max = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) {
+        s[j] = key + j < limit[q] ? kScale * tiles[t][j * kLanes + q] : -INFINITY;
+        tile_max = std::max(tile_max, s[j]);
+      }
+      const float m_new = std::max(m, tile_max);
+      const double alpha = m == -INFINITY ? 0.0 : std::exp(static_cast<double>(m - m_new));
+      sum *= alpha;
+      for (int64_t j = 0; j < n; ++j) {
+        const double p = s[j] == -INFINITY ? 0.0 : std::exp(static_cast<double>(s[j] - m_new));
+        sum += p;
+        const float got_p = probs[t][q * kLdp + j];
+        if (p == 0.0) {
+          EXPECT_EQ(got_p, 0.0f) << "q " << q << " tile " << t << " key " << j;
+        } else {
+          worst_p = std::max(worst_p, UlpError(got_p, p));
+        }
+      }
+      m = m_new;
+      key += n;
+    }
+    EXPECT_EQ(got.max[q], m) << "q " << q;  // max and subtraction are exact in f32
+    if (sum == 0.0) {
+      EXPECT_EQ(got.sum[q], 0.0f) << "q " << q;
+    } else {
+      worst_sum = std::max(worst_sum, std::fabs(got.sum[q] - sum) / sum);
+    }
+  }
+  EXPECT_LE(worst_p, 2.0);
+  EXPECT_LE(worst_sum, 1e-6);
+  RecordError("SoftmaxTile probabilities, ulp", worst_p);
+  RecordError("SoftmaxTile sums", worst_sum);
+  // Padding lanes see nothing.
+  for (int64_t q = kNq; q < kLanes; ++q) {
+    EXPECT_EQ(got.max[q], -INFINITY);
+    EXPECT_EQ(got.sum[q], 0.0f);
+  }
+}
+
+// The accumulator is rescaled by exp(old max - new max) whenever the max
+// grows, and left alone otherwise.
+TEST(SoftmaxTileTest, RescalesTheAccumulatorWhenTheMaxGrows) {
+  constexpr int64_t kLanes = 16, kNq = 3, kRkv = 21;  // rkv past a vector multiple
+  std::vector<float> limit(kLanes, 0.0f);
+  for (int64_t q = 0; q < kNq; ++q) limit[q] = 100.0f;
+  // Running maxima 1, 2, 3 with sums 1 and accumulators 1; a one-key tile
+  // in which query 0 rises to 5, query 1 stays at 2 and query 2 falls to -4.
+  std::vector<float> scores(kLanes, 0.0f);
+  scores[0] = 5, scores[1] = 2, scores[2] = -4;
+  std::vector<float> acc(static_cast<size_t>(kNq * kRkv), 1.0f), probs(kNq * 32);
+  std::vector<float> max = {1, 2, 3}, sum = {1, 1, 1};
+  max.resize(kLanes, -INFINITY);
+  sum.resize(kLanes, 0.0f);
+  host::SoftmaxTile({kLanes, max.data(), sum.data(), limit.data()}, kNq, 1, 0, 1.0f, scores.data(),
+                    probs.data(), 32, acc.data(), kRkv);
+  for (int64_t i = 0; i < kRkv; ++i) {
+    EXPECT_NEAR(acc[0 * kRkv + i], std::exp(1.0 - 5.0), 2e-7);  // max 1 -> 5
+    EXPECT_EQ(acc[1 * kRkv + i], 1.0f);                         // max stays 2
+    EXPECT_EQ(acc[2 * kRkv + i], 1.0f);                         // max stays 3
+  }
+  EXPECT_EQ(max[0], 5.0f);
+  EXPECT_NEAR(sum[0], std::exp(-4.0) + 1.0, 1e-6);
+  EXPECT_NEAR(sum[2], 1.0 + std::exp(-7.0), 1e-6);
+  EXPECT_EQ(probs[1 * 32], 1.0f);  // query 1's score equals its max: exp(0)
+}
+
+// A lane's results depend only on its own scores, limit and state.
+TEST(SoftmaxTileTest, LanesAreIndependent) {
+  SCOPED_TRACE(host::GemmIsa());
+  constexpr int64_t kLanes = 48, kNq = 40, kRkv = 64;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  std::vector<float> limit(kLanes, 0.0f);
+  for (int64_t q = 0; q < kNq; ++q) limit[q] = static_cast<float>(40 + q);
+  std::vector<std::vector<float>> a, b;
+  for (int64_t n : {32, 32}) {
+    std::vector<float> t(static_cast<size_t>(n * kLanes));
+    for (float& v : t) v = nd(rng);
+    a.push_back(t);
+    for (float& v : t) v = nd(rng);  // every lane different...
+    b.push_back(t);
+  }
+  constexpr int64_t kMe = 21;
+  for (size_t t = 0; t < a.size(); ++t) {  // ...but lane kMe
+    for (size_t j = 0; j < a[t].size() / kLanes; ++j)
+      b[t][j * kLanes + kMe] = a[t][j * kLanes + kMe];
+  }
+  const SoftmaxRun ra = RunTiles(kLanes, kNq, kRkv, limit, a, 0, 0.5f);
+  const SoftmaxRun rb = RunTiles(kLanes, kNq, kRkv, limit, b, 0, 0.5f);
+  EXPECT_EQ(std::memcmp(&ra.max[kMe], &rb.max[kMe], sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(&ra.sum[kMe], &rb.sum[kMe], sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(&ra.acc[kMe * kRkv], &rb.acc[kMe * kRkv], kRkv * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(&ra.probs[kMe * 32], &rb.probs[kMe * 32], 32 * sizeof(float)), 0);
+  EXPECT_NE(std::memcmp(&ra.sum[kMe + 1], &rb.sum[kMe + 1], sizeof(float)), 0);
 }
 
 }  // namespace
