@@ -5,8 +5,10 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "gtest/gtest.h"
+#include "runtime/core/fp8_blocks.h"
 
 namespace mlag {
 namespace {
@@ -131,6 +133,91 @@ TEST(DTypeTest, BulkConversionMatchesScalar) {
     EXPECT_EQ(hf[i], F32ToF16(src[i]));
     EXPECT_EQ(F32Bits(back[i]), F32Bits(Bf16ToF32(bf[i])));
   }
+}
+
+TEST(DTypeTest, F32ToF8E4M3RoundsToNearestEvenAndSaturates) {
+  struct Fp8Case {
+    float value;
+    uint8_t expected;
+    const char* what;
+  };
+  const Fp8Case cases[] = {
+      {1.0f, 0x38, "1.0: exponent field 7, mantissa 0"},
+      {-1.0f, 0xb8, "-1.0"},
+      {1.0625f, 0x38, "tie between 1 and 1.125: even is down"},
+      {1.1875f, 0x3a, "tie between 1.125 and 1.25: even is up"},
+      {1.0626f, 0x39, "just above a tie rounds up"},
+      {448.0f, 0x7e, "the largest finite"},
+      {500.0f, 0x7e, "above it saturates"},
+      {-INFINITY, 0xfe, "-inf saturates"},
+      {0x1p-6f, 0x08, "the smallest normal"},
+      {0x1p-9f, 0x01, "the smallest subnormal"},
+      {0x1.8p-9f, 0x02, "subnormal tie between 1 and 2: even is up"},
+      {0x1p-10f, 0x00, "tie between 0 and the smallest subnormal: even is 0"},
+      {-0.0f, 0x80, "-0"},
+      {std::numeric_limits<float>::quiet_NaN(), 0x7f, "NaN"},
+  };
+  for (const Fp8Case& c : cases) EXPECT_EQ(F32ToF8E4M3(c.value), c.expected) << c.what;
+}
+
+// QuantizeFp8Blocks (vectorised) against the scalar definition written
+// here: block scale = largest magnitude / 448, each code F32ToF8E4M3(w /
+// scale). Blocks whose largest magnitude is 448 have scale 1 and carry a
+// sweep of every magnitude up to 448 (a stride through the bit patterns,
+// both signs), so every rounding case of the conversion is met; a shape
+// past whole blocks in both dimensions, and blocks with inf and NaN.
+TEST(Fp8BlocksTest, QuantizeMatchesTheScalarDefinition) {
+  constexpr int64_t kRows = 130, kCols = 2 * kFp8BlockSize + 35;
+  std::vector<float> w(static_cast<size_t>(kRows * kCols));
+  uint32_t bits = 0;
+  for (size_t i = 0; i < w.size(); ++i) {
+    bits = (bits + 30011u) % 0x43e00001u;  // through every magnitude up to 448
+    w[i] = F32FromBits(bits | (i % 3 == 0 ? 0x80000000u : 0u));
+  }
+  const int64_t col_blocks = Fp8Blocks(kCols);
+  for (int64_t br = 0; br < Fp8Blocks(kRows); ++br) {
+    for (int64_t bc = 0; bc < col_blocks; ++bc) {
+      w[(br * kFp8BlockSize) * kCols + bc * kFp8BlockSize] = 448.0f;
+    }
+  }
+  w[5 * kCols + 3] = 0.5f * std::numeric_limits<float>::infinity();  // block (0, 0): scale inf
+  w[129 * kCols + 270] = std::numeric_limits<float>::quiet_NaN();    // block (1, 2)
+  w[7 * kCols + 200] = 1e-30f;                                       // a code of 0
+  // Exact ties of the normal and subnormal roundings, and a few exact
+  // values, in block (0, 1) (scale 1).
+  const float ties[] = {1.0625f,   1.1875f,  -1.1875f,  0x1.8p-9f,  0x1p-10f,
+                        0x1.4p-6f, 0x1.ep7f, 0x1.1p-1f, -0x1.7p-8f, 0x1.cp-9f};
+  for (size_t i = 0; i < std::size(ties); ++i) w[9 * kCols + kFp8BlockSize + 1 + i] = ties[i];
+
+  std::vector<uint8_t> q(w.size());
+  std::vector<float> scale(static_cast<size_t>(Fp8Blocks(kRows) * col_blocks));
+  QuantizeFp8Blocks(w.data(), kRows, kCols, q.data(), scale.data());
+  for (int64_t br = 0; br < Fp8Blocks(kRows); ++br) {
+    for (int64_t bc = 0; bc < col_blocks; ++bc) {
+      const int64_t r1 = std::min(kRows, (br + 1) * kFp8BlockSize);
+      const int64_t c1 = std::min(kCols, (bc + 1) * kFp8BlockSize);
+      float amax = 0.0f;
+      for (int64_t r = br * kFp8BlockSize; r < r1; ++r) {
+        for (int64_t c = bc * kFp8BlockSize; c < c1; ++c) {
+          amax = std::max(amax, std::fabs(w[r * kCols + c]));  // NaN ignored
+        }
+      }
+      const float s = amax > 0.0f ? amax / 448.0f : 1.0f;
+      EXPECT_EQ(F32Bits(scale[br * col_blocks + bc]), F32Bits(s)) << "block " << br << ", " << bc;
+      int mismatches = 0;
+      for (int64_t r = br * kFp8BlockSize; r < r1; ++r) {
+        for (int64_t c = bc * kFp8BlockSize; c < c1; ++c) {
+          const uint8_t want = F32ToF8E4M3(w[r * kCols + c] / s);
+          if (q[r * kCols + c] != want && mismatches++ < 5) {
+            ADD_FAILURE() << "w[" << r << "][" << c << "] = " << w[r * kCols + c] << ": code "
+                          << int{q[r * kCols + c]} << ", expected " << int{want};
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(q[129 * kCols + 270] & 0x7f, 0x7f);  // NaN stays NaN
+  EXPECT_EQ(scale[0], std::numeric_limits<float>::infinity());
 }
 
 }  // namespace
