@@ -19,10 +19,15 @@ namespace {
 int32_t SampleRow(const float* l, int64_t V, float temperature, int32_t top_k, float top_p,
                   uint64_t seed, uint64_t step, std::vector<uint64_t>& keys) {
   // The top-ranked token: the greedy answer, and the row's largest logit.
-  uint64_t best = 0;
-  for (int64_t v = 0; v < V; ++v) {
-    best = std::max(best, SampleRankKey(SampleOrderKey(l[v]), static_cast<uint32_t>(v)));
-  }
+  // The largest order key first (a loop that vectorises), then the first id
+  // that has it: the largest rank key, whose low half ~id prefers low ids.
+  // (V >= 1: the launcher checks it.)
+  uint32_t best_order = 0;
+#pragma omp simd reduction(max : best_order)
+  for (int64_t v = 0; v < V; ++v) best_order = std::max(best_order, SampleOrderKey(l[v]));
+  int64_t first = 0;
+  while (SampleOrderKey(l[first]) != best_order) ++first;
+  const uint64_t best = SampleRankKey(best_order, static_cast<uint32_t>(first));
   const int32_t best_id = static_cast<int32_t>(SampleIdFromRankKey(best));
   const float max_logit = SampleLogitFromKey(SampleOrderKeyFromRankKey(best));
   // temperature <= 0 or NaN: greedy. All -inf / NaN, or a +inf logit: the
