@@ -128,6 +128,7 @@ import json, sys
 j = json.load(open(sys.argv[1]))
 assert j["machine"]["bandwidth_gb_s"] > 0, j["machine"]
 assert [d["batch"] for d in j["decode"]] == [1, 8], j["decode"]
+assert all(0 < b <= j["machine"]["bandwidth_gb_s"] for b in j["machine"]["bandwidth_runs_gb_s"]), j["machine"]
 for d in j["decode"]:
     assert d["bytes_per_step"] > 0 and d["graph_ms"] > 0 and d["eager_ms"] > 0, d
     assert 0 < d["fraction_of_bandwidth"], d

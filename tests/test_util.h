@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/host/gemm.h"
 #include "runtime/core/device.h"
 #include "runtime/core/stream.h"
 #include "runtime/core/tensor.h"
@@ -117,6 +118,17 @@ inline double MaxRelError(const Owned& got, const std::vector<double>& want) {
   std::vector<float> g(static_cast<size_t>(got.numel()));
   for (int64_t i = 0; i < got.numel(); ++i) g[i] = got.get(i);
   return MaxRelError(g.data(), want.data(), g.size());
+}
+
+// Skips (from the calling test) when MLAG_HOST_ISA asks for a host vector ISA
+// this CPU does not run (the host kernels' narrower variants, tested by
+// capping the ISA). GTEST_SKIP returns from here only: the caller then
+// returns if ::testing::Test::IsSkipped().
+inline void SkipUnlessRequestedIsa() {
+  const char* isa = std::getenv("MLAG_HOST_ISA");
+  if (isa != nullptr && std::string(isa) != host::GemmIsa()) {
+    GTEST_SKIP() << "MLAG_HOST_ISA=" << isa << " but this CPU runs " << host::GemmIsa();
+  }
 }
 
 }  // namespace mlag::testing

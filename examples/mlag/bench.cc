@@ -249,9 +249,10 @@ absl::Status Bench(BenchFlags f) {
   const double warmup_s = runner->stats().warmup_seconds;
 
   // The bandwidth ceiling, measured before the decode timings, beside each
-  // and after them, on one buffer. Allocated after the model is built, so
-  // that its 2 GiB held through the build do not change what the build's
-  // time measures.
+  // and after them, on one buffer (two on CUDA: a copy's source and
+  // destination), held until the last of those measurements. Allocated
+  // after the model is built, so that the build's time is not measured
+  // with them held.
   MLAG_ASSIGN_OR_RETURN(
       std::unique_ptr<MemoryBandwidthProbe> probe,
       MemoryBandwidthProbe::Create(*device, static_cast<size_t>(f.bandwidth_gib * (1 << 30))));
@@ -400,8 +401,8 @@ absl::Status Bench(BenchFlags f) {
   report.contention = contention;
   report.prefill = prefills;
   if (!device->is_cuda()) {
-    // Measured again after the prefill timings; the better of the two, as
-    // for the bandwidth ceiling.
+    // Measured again after the prefill timings; the better of the two
+    // measurements.
     MLAG_ASSIGN_OR_RETURN(const std::vector<GemmCost> after, measure_gemm());
     for (size_t i = 0; i < gemm_before.size() && i < after.size(); ++i) {
       GemmCost g = gemm_before[i];

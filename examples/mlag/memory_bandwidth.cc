@@ -38,10 +38,10 @@ float SumFloats(const float* p, int64_t n) {
   return total;
 }
 
-}  // namespace
-
 // The matrix-vector product's row length.
 constexpr int64_t kGemvCols = 2048;
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<MemoryBandwidthProbe>> MemoryBandwidthProbe::Create(Device& device,
                                                                                    size_t bytes) {

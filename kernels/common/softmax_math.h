@@ -1,5 +1,8 @@
 // Online softmax and log-sum-exp merging, shared by the host and CUDA
-// attention kernels. Standard library only (see runtime/core/host_device.h).
+// attention kernels (the host runs the per-tile step vectorised across
+// queries, with its own exp: kernels/host/attention_softmax.h; it keeps the
+// state, the final division and the merges here). Standard library only
+// (see runtime/core/host_device.h).
 //
 // A softmax over a stream of scores keeps a running maximum m and a running
 // sum l = sum exp(score - m); an accumulator o = sum exp(score - m) v is

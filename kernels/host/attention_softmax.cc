@@ -28,6 +28,7 @@ namespace avx512 {
 constexpr int kLanes = 16;
 typedef float V __attribute__((vector_size(64)));
 typedef int32_t I __attribute__((vector_size(64)));
+typedef uint32_t U __attribute__((vector_size(64)));
 inline V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
 inline V Splat(float f) { return _mm512_set1_ps(f); }
 #include "kernels/host/attention_softmax_kernel.inc"
@@ -48,6 +49,7 @@ namespace avx2 {
 constexpr int kLanes = 8;
 typedef float V __attribute__((vector_size(32)));
 typedef int32_t I __attribute__((vector_size(32)));
+typedef uint32_t U __attribute__((vector_size(32)));
 inline V Fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
 inline V Splat(float f) { return _mm256_set1_ps(f); }
 #include "kernels/host/attention_softmax_kernel.inc"
@@ -64,6 +66,7 @@ namespace base {
 constexpr int kLanes = 4;
 typedef float V __attribute__((vector_size(16)));
 typedef int32_t I __attribute__((vector_size(16)));
+typedef uint32_t U __attribute__((vector_size(16)));
 inline V Fma(V a, V b, V c) { return c + a * b; }  // no FMA unit: no contraction either
 inline V Splat(float f) { return V{f, f, f, f}; }
 #include "kernels/host/attention_softmax_kernel.inc"

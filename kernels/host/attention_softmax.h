@@ -18,19 +18,20 @@ namespace mlag::host {
 // kSoftmaxLanes; lanes past the real queries have limit 0 and stay empty).
 struct SoftmaxLanes {
   int64_t lanes;
-  float* max;          // running maximum, -inf before the first unmasked score
-  float* sum;          // running sum of exp(score - max)
-  const float* limit;  // query q sees keys at positions < limit[q]
+  float* max;            // running maximum, -inf before the first unmasked score
+  float* sum;            // running sum of exp(score - max)
+  const int32_t* limit;  // query q sees keys at positions < limit[q]
 };
 
 // Every host vector width divides this.
 inline constexpr int64_t kSoftmaxLanes = 16;
 
-// Folds the n keys at positions key0, key0 + 1, ... into the softmax:
+// Folds the n keys at positions key0, key0 + 1, ... (below 2^31) into the
+// softmax (lanes a multiple of kSoftmaxLanes, nq <= lanes):
 //   s = scale * scores_t[j * lanes + q], or -inf at positions >= limit[q];
 //   m = max(max[q], max_j s); alpha = exp(max[q] - m) (0 when max[q] is
-//   -inf); sum[q] = sum[q] * alpha + (sum_j p_j in j order), p_j =
-//   exp(s_j - m) (0 for s_j = -inf); max[q] = m;
+//   -inf); sum[q] = fma(sum[q], alpha, sum_j p_j in j order) (fused where
+//   the ISA has FMA), p_j = exp(s_j - m) (0 for s_j = -inf); max[q] = m;
 //   acc[q * rkv, (q + 1) * rkv) *= alpha when alpha != 1, for q < nq;
 //   probs[q * ldp + j] = p_j for q < nq, j < n (query-major, as the value
 //   GEMM reads them).

@@ -74,8 +74,9 @@ struct Scratch {
   std::vector<float> scores_t;           // kKeyTile * padded count: the scores, key-major
   std::vector<float> probs;              // count * kKeyTile: the probabilities
   std::vector<OnlineSoftmaxState> state;
-  std::vector<float> lane_max, lane_sum, lane_limit;  // the softmax by query lane (SoftmaxLanes)
-  std::vector<float> acc;                             // count * Rkv
+  std::vector<float> lane_max, lane_sum;  // the softmax by query lane (SoftmaxLanes)
+  std::vector<int32_t> lane_limit;
+  std::vector<float> acc;  // count * Rkv
   std::vector<const float*> latent;
   std::vector<const float*> pe;
   std::vector<int64_t> limit;
@@ -130,7 +131,7 @@ void AttendRange(const SeqKeys& keys, int64_t rkv, int64_t dr, float scale, cons
   for (int64_t q = 0; q < ldq; ++q) {
     sc.lane_max[q] = q < nq ? state[q].max : -INFINITY;
     sc.lane_sum[q] = q < nq ? state[q].sum : 0.0f;
-    sc.lane_limit[q] = q < nq ? static_cast<float>(qs.limit[q]) : 0.0f;
+    sc.lane_limit[q] = q < nq ? static_cast<int32_t>(qs.limit[q]) : 0;  // seq_lens are int32
   }
   const SoftmaxLanes lanes{ldq, sc.lane_max.data(), sc.lane_sum.data(), sc.lane_limit.data()};
   sc.row_ptr.resize(kKeyTile);
@@ -294,7 +295,8 @@ absl::Status MlaDecode(const Tensor& q_latent, const Tensor& q_pe, const Tensor&
   GrowTo(partial_lse, num_partials * heads);
   // The queries of each (sequence, head group), transposed once for all of
   // the sequence's splits.
-  const int64_t num_groups = (heads + heads_per_group - 1) / std::max<int64_t>(heads_per_group, 1);
+  const int64_t num_groups =
+      heads_per_group > 0 ? (heads + heads_per_group - 1) / heads_per_group : 0;
   const int64_t group_floats = (rkv + dr) * QueryLanes(heads_per_group);
   std::vector<float>& queries_t = queries_t_buf;
   GrowTo(queries_t, batch * num_groups * group_floats);

@@ -53,11 +53,10 @@ void QuantizeFp8Blocks(const float* w, int64_t rows, int64_t cols, uint8_t* q, f
     for (int64_t r = r0; r < r1; ++r) {
       const float* row = w + r * cols;
       for (int64_t bc = 0; bc < col_blocks; ++bc) {
+        const int64_t c1 = std::min(cols, (bc + 1) * kFp8BlockSize);
         float amax = s[bc];
 #pragma omp simd reduction(max : amax)
-        for (int64_t c = bc * kFp8BlockSize; c < std::min(cols, (bc + 1) * kFp8BlockSize); ++c) {
-          amax = std::max(amax, std::fabs(row[c]));
-        }
+        for (int64_t c = bc * kFp8BlockSize; c < c1; ++c) amax = std::max(amax, std::fabs(row[c]));
         s[bc] = amax;
       }
     }

@@ -1,7 +1,9 @@
 // dtype conversions against a table worked out by hand from the IEEE-754
-// encodings (ties, subnormals, overflow, NaN and infinities).
+// encodings (ties, subnormals, overflow, NaN and infinities), and the fp8
+// block quantizer against the scalar conversion.
 #include "runtime/core/dtype.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>

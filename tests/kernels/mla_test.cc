@@ -20,6 +20,7 @@
 #include "kernels/host/attention_softmax.h"
 #include "kernels/host/gemm.h"
 #include "kernels/host/mla_attention.h"
+#include "kernels/host/parallel.h"
 #include "kernels/mla_attention.h"
 #include "kernels/mla_kv_update.h"
 #include "kernels/rope.h"
@@ -33,6 +34,7 @@ namespace {
 using testing::HostStream;
 using testing::Make;
 using testing::Owned;
+using testing::SkipUnlessRequestedIsa;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kPi = 3.14159265358979323846;
@@ -459,6 +461,41 @@ TEST(MlaDecodeSplit, ForcedSplitLengthsMatchDouble) {
   }
 }
 
+// Decode spreads a small batch's heads over the threads in groups of at
+// least 8 (each group's queries transposed once for all of its splits); a
+// batch with as many ranges as threads keeps one group. A sequence's bits
+// do not depend on which: decoded alone (in groups, given two or more
+// threads; 19 heads make a last group shorter than the first) or in a
+// batch of eight (one group), and both match the double reference.
+TEST(MlaDecodeHeadGroups, GroupsGiveTheBitsOfOneGroup) {
+  for (int heads : {19, 24}) {
+    SCOPED_TRACE(::testing::Message() << heads << " heads, " << host::NumThreads() << " threads");
+    const PagedDecode p =
+        MakePagedDecode(heads, 40, 8, 16, {100, 37, 300, 5, 64, 250, 9, 130}, 61 + heads);
+    std::vector<double> want_out, want_lse;
+    ReferenceDecode(p, &want_out, &want_lse);
+    Owned out = Make(DType::kF32, {p.batch(), heads, p.rkv});
+    Owned lse = Make(DType::kF32, {p.batch(), heads});
+    ASSERT_OK(host::MlaDecode(p.q_latent, p.q_pe, p.cache.t, p.block_table.t, p.seq_lens.t, p.scale,
+                              out.t, lse.t));
+    EXPECT_LT(testing::MaxRelError(out, want_out), 1e-5);
+    for (int b = 0; b < p.batch(); ++b) {
+      Owned alone = Make(DType::kF32, {1, heads, p.rkv});
+      Owned alone_lse = Make(DType::kF32, {1, heads});
+      ASSERT_OK(host::MlaDecode(p.q_latent.Slice(0, b, b + 1), p.q_pe.Slice(0, b, b + 1), p.cache.t,
+                                p.block_table.t.Slice(0, b, b + 1), p.seq_lens.t.Slice(0, b, b + 1),
+                                p.scale, alone.t, alone_lse.t));
+      EXPECT_EQ(std::memcmp(alone.t.data(), out.data<float>() + b * heads * p.rkv,
+                            heads * p.rkv * sizeof(float)),
+                0)
+          << "sequence " << b;
+      EXPECT_EQ(
+          std::memcmp(alone_lse.t.data(), lse.data<float>() + b * heads, heads * sizeof(float)), 0)
+          << "sequence " << b;
+    }
+  }
+}
+
 TEST(MlaAttentionArgs, RejectsBadArguments) {
   const PagedDecode p = MakePagedDecode(2, 8, 4, 4, {5, 3}, 81);
   Owned out = Make(DType::kF32, {2, p.heads, p.rkv});
@@ -505,6 +542,8 @@ TEST(MlaAttentionArgs, RejectsBadArguments) {
 // prefilled in a later chunk; across split boundaries
 // (kAttentionSplitTokens) included.
 TEST(MlaHostInvarianceTest, DecodeAndPrefillGiveTheSameBitsAtEveryPosition) {
+  SkipUnlessRequestedIsa();
+  if (::testing::Test::IsSkipped()) return;
   constexpr int64_t H = 3, R = 40, dr = 8, row = R + dr, bs = 16;
   constexpr int64_t L = 2 * host::kAttentionSplitTokens + 190;  // three splits at the end
   const int64_t blocks = (L + bs - 1) / bs;
@@ -588,6 +627,8 @@ double UlpError(float got, double want) {
 }
 
 TEST(ExpNonPositiveTest, WithinTwoUlpOfDouble) {
+  SkipUnlessRequestedIsa();
+  if (::testing::Test::IsSkipped()) return;
   SCOPED_TRACE(host::GemmIsa());
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> wide(-87.3f, 0.0f), narrow(-1.0f, 0.0f);
@@ -619,7 +660,7 @@ struct SoftmaxRun {
   std::vector<float> max, sum, acc, probs;  // probs of the last tile
 };
 
-SoftmaxRun RunTiles(int64_t lanes, int64_t nq, int64_t rkv, const std::vector<float>& limit,
+SoftmaxRun RunTiles(int64_t lanes, int64_t nq, int64_t rkv, const std::vector<int32_t>& limit,
                     const std::vector<std::vector<float>>& tiles, int64_t key0, float scale,
                     std::vector<std::vector<float>>* probs_per_tile = nullptr) {
   SoftmaxRun r;
@@ -641,6 +682,8 @@ SoftmaxRun RunTiles(int64_t lanes, int64_t nq, int64_t rkv, const std::vector<fl
 }
 
 TEST(SoftmaxTileTest, MatchesAnOnlineSoftmaxInDouble) {
+  SkipUnlessRequestedIsa();
+  if (::testing::Test::IsSkipped()) return;
   SCOPED_TRACE(host::GemmIsa());
   constexpr int64_t kLanes = 32, kNq = 19, kRkv = 37, kLdp = 32, kKey0 = 100;
   constexpr float kScale = 0.37f;
@@ -654,8 +697,8 @@ TEST(SoftmaxTileTest, MatchesAnOnlineSoftmaxInDouble) {
     for (float& v : t) v = nd(rng);
     tiles.push_back(t);
   }
-  std::vector<float> limit(kLanes, 0.0f);
-  for (int64_t q = 0; q < kNq; ++q) limit[q] = static_cast<float>(kKey0 + (q * 13) % 62);
+  std::vector<int32_t> limit(kLanes, 0);
+  for (int64_t q = 0; q < kNq; ++q) limit[q] = static_cast<int32_t>(kKey0 + (q * 13) % 62);
   std::vector<std::vector<float>> probs;
   const SoftmaxRun got = RunTiles(kLanes, kNq, kRkv, limit, tiles, kKey0, kScale, &probs);
 
@@ -711,9 +754,12 @@ TEST(SoftmaxTileTest, MatchesAnOnlineSoftmaxInDouble) {
 // The accumulator is rescaled by exp(old max - new max) whenever the max
 // grows, and left alone otherwise.
 TEST(SoftmaxTileTest, RescalesTheAccumulatorWhenTheMaxGrows) {
+  SkipUnlessRequestedIsa();
+  if (::testing::Test::IsSkipped()) return;
+  SCOPED_TRACE(host::GemmIsa());
   constexpr int64_t kLanes = 16, kNq = 3, kRkv = 21;  // rkv past a vector multiple
-  std::vector<float> limit(kLanes, 0.0f);
-  for (int64_t q = 0; q < kNq; ++q) limit[q] = 100.0f;
+  std::vector<int32_t> limit(kLanes, 0);
+  for (int64_t q = 0; q < kNq; ++q) limit[q] = 100;
   // Running maxima 1, 2, 3 with sums 1 and accumulators 1; a one-key tile
   // in which query 0 rises to 5, query 1 stays at 2 and query 2 falls to -4.
   std::vector<float> scores(kLanes, 0.0f);
@@ -737,12 +783,14 @@ TEST(SoftmaxTileTest, RescalesTheAccumulatorWhenTheMaxGrows) {
 
 // A lane's results depend only on its own scores, limit and state.
 TEST(SoftmaxTileTest, LanesAreIndependent) {
+  SkipUnlessRequestedIsa();
+  if (::testing::Test::IsSkipped()) return;
   SCOPED_TRACE(host::GemmIsa());
   constexpr int64_t kLanes = 48, kNq = 40, kRkv = 64;
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.0f, 2.0f);
-  std::vector<float> limit(kLanes, 0.0f);
-  for (int64_t q = 0; q < kNq; ++q) limit[q] = static_cast<float>(40 + q);
+  std::vector<int32_t> limit(kLanes, 0);
+  for (int64_t q = 0; q < kNq; ++q) limit[q] = static_cast<int32_t>(40 + q);
   std::vector<std::vector<float>> a, b;
   for (int64_t n : {32, 32}) {
     std::vector<float> t(static_cast<size_t>(n * kLanes));
