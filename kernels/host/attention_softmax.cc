@@ -9,6 +9,7 @@
 #endif
 
 #include "kernels/host/gemm.h"
+#include "kernels/host/isa_target.h"
 
 namespace mlag::host {
 namespace {
@@ -18,12 +19,7 @@ using SoftmaxTileFn = void (*)(const SoftmaxLanes&, int64_t, int64_t, int64_t, f
 using ExpFn = float (*)(float);
 
 #if defined(__x86_64__) || defined(__i386__)
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,fma")
-#endif
+MLAG_HOST_TARGET_BEGIN("avx512f,avx512bw,fma")
 namespace avx512 {
 constexpr int kLanes = 16;
 typedef float V __attribute__((vector_size(64)));
@@ -33,18 +29,9 @@ inline V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
 inline V Splat(float f) { return _mm512_set1_ps(f); }
 #include "kernels/host/attention_softmax_kernel.inc"
 }  // namespace avx512
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+MLAG_HOST_TARGET_END
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
+MLAG_HOST_TARGET_BEGIN("avx2,fma")
 namespace avx2 {
 constexpr int kLanes = 8;
 typedef float V __attribute__((vector_size(32)));
@@ -54,11 +41,7 @@ inline V Fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
 inline V Splat(float f) { return _mm256_set1_ps(f); }
 #include "kernels/host/attention_softmax_kernel.inc"
 }  // namespace avx2
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+MLAG_HOST_TARGET_END
 #endif
 
 // Baseline x86-64 (SSE2), or any other architecture's default vector unit.

@@ -11,6 +11,7 @@
 #include <immintrin.h>
 #endif
 
+#include "kernels/host/isa_target.h"
 #include "kernels/host/parallel.h"
 #include "runtime/core/fp8_blocks.h"
 
@@ -52,12 +53,7 @@ using AccumulateFn = void (*)(int64_t, int64_t, int64_t, const float*, int64_t, 
 // packed blocks 6 x 4 accumulators and 4 w vectors, x broadcast from memory;
 // 4 x 4 accumulators for GemmNNAccumulate), AVX2 and SSE2 16.
 #if defined(__x86_64__) || defined(__i386__)
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,fma")
-#endif
+MLAG_HOST_TARGET_BEGIN("avx512f,avx512bw,fma")
 namespace avx512 {
 constexpr int kLanes = 16;
 constexpr bool kFma = true;
@@ -84,18 +80,9 @@ __attribute__((always_inline)) inline void InRegister(V& v) {
 }
 #include "kernels/host/gemm_kernel.inc"
 }  // namespace avx512
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+MLAG_HOST_TARGET_END
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
+MLAG_HOST_TARGET_BEGIN("avx2,fma")
 namespace avx2 {
 constexpr int kLanes = 8;
 constexpr bool kFma = true;
@@ -119,11 +106,7 @@ __attribute__((always_inline)) inline void InRegister(V& v) {
 }
 #include "kernels/host/gemm_kernel.inc"
 }  // namespace avx2
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+MLAG_HOST_TARGET_END
 #endif
 
 // Baseline x86-64 (SSE2), or any other architecture's default vector unit.

@@ -42,6 +42,7 @@ struct Queries {
   const float* const* pe;      // count pointers to dr floats
   const int64_t* limit;
   // The same queries already transposed (TransposeQueries), or null.
+  // When set, latent and pe may be null.
   const float* transposed = nullptr;
 };
 
@@ -303,19 +304,17 @@ absl::Status MlaDecode(const Tensor& q_latent, const Tensor& q_pe, const Tensor&
   auto transposed_of = [&](int64_t b, int64_t h0) {
     return queries_t.data() + (b * num_groups + h0 / heads_per_group) * group_floats;
   };
-  auto group_queries = [&](int64_t b, int64_t h0, int64_t h1, Scratch& sc, const int64_t* limit) {
+  ParallelFor(batch * num_groups, [&](int64_t i) {
+    const int64_t b = i / num_groups, h0 = i % num_groups * heads_per_group;
+    const int64_t h1 = std::min(heads, h0 + heads_per_group);
+    Scratch& sc = ThreadScratch();
     sc.latent.resize(h1 - h0);
     sc.pe.resize(h1 - h0);
     for (int64_t h = h0; h < h1; ++h) {
       sc.latent[h - h0] = RowHead(q_latent, b, h);
       sc.pe[h - h0] = RowHead(q_pe, b, h);
     }
-    return Queries{h1 - h0, sc.latent.data(), sc.pe.data(), limit, transposed_of(b, h0)};
-  };
-  ParallelFor(batch * num_groups, [&](int64_t i) {
-    const int64_t b = i / num_groups, h0 = i % num_groups * heads_per_group;
-    const int64_t h1 = std::min(heads, h0 + heads_per_group);
-    TransposeQueries(group_queries(b, h0, h1, ThreadScratch(), nullptr), rkv, dr,
+    TransposeQueries(Queries{h1 - h0, sc.latent.data(), sc.pe.data(), nullptr}, rkv, dr,
                      transposed_of(b, h0));
   });
 
@@ -328,7 +327,8 @@ absl::Status MlaDecode(const Tensor& q_latent, const Tensor& q_pe, const Tensor&
     sc.limit.assign(nh, lens[item.b]);
     sc.state.assign(nh, OnlineSoftmaxInit());
     sc.acc.assign(static_cast<size_t>(nh * rkv), 0.0f);
-    const Queries qs = group_queries(item.b, item.h0, item.h1, sc, sc.limit.data());
+    // The work item's queries, transposed above.
+    const Queries qs{nh, nullptr, nullptr, sc.limit.data(), transposed_of(item.b, item.h0)};
     AttendRange(KeysOf(cache, block_table, item.b), rkv, dr, scale, qs, item.begin, item.end,
                 sc.state.data(), sc.acc.data(), sc);
     for (int64_t h = item.h0; h < item.h1; ++h) {
