@@ -118,7 +118,8 @@ expect_usage_error "--chat needs" run --model tiny-v3 --chat
 rm -f "$TMP/text/tokenizer.json"
 expect_usage_error "no tokenizer.json" run --model "$TMP/text" --prompt "a"
 
-# mlag bench prints JSON with positive byte counts and measured ceilings,
+# mlag bench prints JSON with positive byte counts and measured ceilings
+# (bandwidth, and on the host the peak multiply-add rate),
 # prefill per length, (--contend) the figures with a busy thread beside, and
 # (--profile) each op's eager time per step, layers folded.
 if "$MLAG" bench --model tiny-v3 --batch-sizes 1,8 --steps 2 --prefill-lens 40,16 --contend 1 --bandwidth-gib 0.25 --profile --json >"$TMP/bench.json" 2>"$TMP/err"; then ok; else bad "bench failed: $(cat "$TMP/err")"; fi
@@ -136,12 +137,17 @@ for d in j["decode"]:
     # best is taken over.
     assert 0 < d["bandwidth_gb_s"] <= j["machine"]["bandwidth_gb_s"], (d, j["machine"])
     assert 0 < d["fraction_of_best_bandwidth"] <= d["fraction_of_bandwidth"], d
+    # The arithmetic (more per step at batch 8 than at 1, below): a host
+    # step runs below the peak multiply-add rate measured beside it.
+    assert d["gflop_per_step"] > 0 and 0 < d["fraction_of_peak"] < 1, d
+    assert 0 < d["arithmetic_floor_ms"] < d["graph_ms"], d
     assert d["contended_graph_ms"] > 0 and d["contended_vs_uncontended"] > 0, d
     ops = {o["op"]: o["ms_per_step"] for o in d["profile"]}
     assert "layers.*.moe.experts" in ops and "lm_head" in ops, sorted(ops)
     assert not any(c.isdigit() for op in ops for c in op), sorted(ops)
     ms = [o["ms_per_step"] for o in d["profile"]]
     assert all(m >= 0 for m in ms) and ms == sorted(ms, reverse=True) and sum(ms) > 0, d["profile"]
+assert j["decode"][1]["gflop_per_step"] > j["decode"][0]["gflop_per_step"], j["decode"]
 assert [p["tokens"] for p in j["prefill"]] == [16, 40], j["prefill"]
 for p in j["prefill"]:
     assert p["tokens_per_s"] > 0 and p["gflop"] > 0 and p["gemm_ceiling_gflops"] > 0, p

@@ -1,8 +1,9 @@
 // mlag bench: decode step latency and tokens/s per batch size with graphs and
 // eagerly, and achieved bytes/s against a memory-bandwidth ceiling measured in
-// the same run; prefill tokens/s per prompt length against a GEMM ceiling
-// measured in the same run; with --contend N, decode and capture again with N
-// busy threads on the same cores.
+// the same run (and, on the host, achieved FLOP/s against the peak
+// multiply-add rate measured in the same run); prefill tokens/s per prompt length against a GEMM
+// ceiling measured in the same run; with --contend N, decode and capture again with N busy threads
+// on the same cores.
 //
 //   mlag bench --model M [--batch-sizes 1,8,32] [--context-len N]
 //              [--prefill-lens 128,512,2048] [--contend N] [--json]
@@ -23,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "examples/mlag/bench_report.h"
 #include "examples/mlag/cli.h"
+#include "examples/mlag/gemm_cost.h"
 #include "examples/mlag/memory_bandwidth.h"
 #include "runtime/core/dtype.h"
 #include "runtime/core/status.h"
@@ -82,12 +84,10 @@ class BusyThreads {
   std::vector<std::thread> threads_;
 };
 
-// Multiply-adds times two of one prefill of `tokens` tokens from an empty
-// cache, as the engine computes it: every projection and the experts each
-// token is routed to (top-k of the routed, all shared), attention in the
-// absorbed form (scores over kv_lora + rope dimensions, values over kv_lora,
-// causal), and the lm_head for the one sampled row.
-double PrefillFlops(const ModelConfig& c, int64_t tokens) {
+// Multiply-adds per token of every projection, the router and the experts
+// the token is routed to (top-k of the routed, all shared), as the engine
+// computes them (attention in the absorbed form; lm_head not included).
+double ProjectionMacsPerToken(const ModelConfig& c) {
   const double h = c.hidden_size, heads = c.num_attention_heads;
   const double q_proj = c.q_lora_rank > 0 ? h * c.q_lora_rank + static_cast<double>(c.q_lora_rank) *
                                                                     heads * c.qk_head_dim()
@@ -95,21 +95,43 @@ double PrefillFlops(const ModelConfig& c, int64_t tokens) {
   const double attn_proj = q_proj + h * c.kv_cache_row() +
                            heads * c.kv_lora_rank * (c.qk_nope_head_dim + c.v_head_dim) +
                            heads * c.v_head_dim * h;
-  double macs_per_token = 0;
+  double macs = 0;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    macs_per_token += attn_proj;
+    macs += attn_proj;
     if (c.IsMoeLayer(l)) {
-      macs_per_token += h * c.n_routed_experts + 3.0 * h * c.moe_intermediate_size *
-                                                     (c.num_experts_per_tok + c.n_shared_experts);
+      macs += h * c.n_routed_experts +
+              3.0 * h * c.moe_intermediate_size * (c.num_experts_per_tok + c.n_shared_experts);
     } else {
-      macs_per_token += 3.0 * h * c.intermediate_size;
+      macs += 3.0 * h * c.intermediate_size;
     }
   }
+  return macs;
+}
+
+// Attention multiply-adds of one query over `keys` cached tokens, every
+// layer: scores over the kv_lora + rope dimensions, values over kv_lora.
+double AttentionMacs(const ModelConfig& c, double keys) {
+  return static_cast<double>(c.num_hidden_layers) * c.num_attention_heads * keys *
+         (c.kv_cache_row() + static_cast<double>(c.kv_lora_rank));
+}
+
+// Multiply-adds times two of one prefill of `tokens` tokens from an empty
+// cache, as the engine computes it: every token's projections and experts,
+// causal attention, and the lm_head for the one sampled row.
+double PrefillFlops(const ModelConfig& c, int64_t tokens) {
   const double t = static_cast<double>(tokens);
   const double key_pairs = t * (t + 1) / 2;  // causal (query, key) pairs
-  const double attn_macs = c.num_hidden_layers * heads * key_pairs *
-                           (c.kv_cache_row() + static_cast<double>(c.kv_lora_rank));
-  return 2.0 * (macs_per_token * t + attn_macs + h * c.vocab_size);
+  return 2.0 * (ProjectionMacsPerToken(c) * t + AttentionMacs(c, key_pairs) +
+                static_cast<double>(c.hidden_size) * c.vocab_size);
+}
+
+// Multiply-adds times two of one decode step of `batch` sequences with
+// `context` tokens cached: each new token's projections and experts, its
+// attention over context + 1 keys, and lm_head for every row.
+double DecodeFlops(const ModelConfig& c, int batch, int context) {
+  return 2.0 * batch *
+         (ProjectionMacsPerToken(c) + AttentionMacs(c, context + 1.0) +
+          static_cast<double>(c.hidden_size) * c.vocab_size);
 }
 
 double Median(std::vector<double> v) {
@@ -274,6 +296,7 @@ absl::Status Bench(BenchFlags f) {
     DecodeBatch batch(b, f.context_len, blocks_per_seq, mc.vocab_size, 100 + b);
     DecodeResult r;
     r.batch = b;
+    r.flops = DecodeFlops(mc, b, f.context_len);
     // The ceiling beside this timing: the better of one taken just before
     // and one just after, so that both figures come from the same phase of
     // a machine whose bandwidth moves.
@@ -351,8 +374,14 @@ absl::Status Bench(BenchFlags f) {
     return MeasureGemmCost(width, mc.hidden_size, rows, /*reps=*/5);
   };
   std::vector<GemmCost> gemm_before;
+  // The arithmetic ceiling (host): the peak multiply-add rate, measured
+  // here and again after the prefill timings, the better of the two; after
+  // the decode timings, so that its burst of arithmetic does not precede
+  // any of them.
+  double peak_gflops = 0.0;
   if (!device->is_cuda()) {
     MLAG_ASSIGN_OR_RETURN(gemm_before, measure_gemm());
+    peak_gflops = MeasurePeakGflops();
   }
 
   // Prefill: one sequence of each prompt length from an empty cache, eager
@@ -404,6 +433,7 @@ absl::Status Bench(BenchFlags f) {
     // Measured again after the prefill timings; the better of the two
     // measurements.
     MLAG_ASSIGN_OR_RETURN(const std::vector<GemmCost> after, measure_gemm());
+    report.peak_gflops = std::max(peak_gflops, MeasurePeakGflops());
     for (size_t i = 0; i < gemm_before.size() && i < after.size(); ++i) {
       GemmCost g = gemm_before[i];
       g.host_gemm_gflops = std::max(g.host_gemm_gflops, after[i].host_gemm_gflops);

@@ -41,6 +41,7 @@ void PrintBenchJson(const BenchReport& r) {
                   {"read_sum_gb_s", r.bandwidth.read_sum_bytes_per_second / 1e9},
                   {"gemv_gb_s", r.bandwidth.gemv_bytes_per_second / 1e9},
                   {"bandwidth_buffer_bytes", r.bandwidth.bytes}};
+  if (r.peak_gflops > 0) j["machine"]["peak_gflops"] = r.peak_gflops;
   for (double b : r.bandwidth_runs_bytes_per_second) {
     j["machine"]["bandwidth_runs_gb_s"].push_back(b / 1e9);
   }
@@ -79,6 +80,15 @@ void PrintBenchJson(const BenchReport& r) {
          {"fraction_of_bandwidth", Ratio(gbs * 1e9, d.bandwidth_bytes_per_second)},
          {"fraction_of_best_bandwidth", Ratio(gbs * 1e9, r.bandwidth.bytes_per_second)},
          {"tokens_per_s_vs_batch1", tok_s_1 > 0 ? d.batch / (d.graph_ms / 1e3) / tok_s_1 : 0.0}});
+    j["decode"].back()["gflop_per_step"] = d.flops / 1e9;
+    j["decode"].back()["gflops"] = d.flops / (d.graph_ms / 1e3) / 1e9;
+    if (r.peak_gflops > 0) {
+      // What the arithmetic alone takes at the peak rate, and the step's
+      // rate as a fraction of it.
+      j["decode"].back()["arithmetic_floor_ms"] = 1e3 * d.flops / (r.peak_gflops * 1e9);
+      j["decode"].back()["fraction_of_peak"] =
+          Ratio(d.flops / (d.graph_ms / 1e3) / 1e9, r.peak_gflops);
+    }
     if (!d.profile_ms.empty()) {
       nlohmann::json ops = nlohmann::json::array();
       for (const auto& [op, ms] : d.profile_ms) {
@@ -151,6 +161,10 @@ void PrintBenchText(const BenchReport& r) {
                 r.bandwidth.gemv_bytes_per_second / 1e9);
   }
   std::printf(")\n");
+  if (r.peak_gflops > 0) {
+    std::printf("peak multiply-add rate: %.1f GFLOP/s (every thread, in registers)\n",
+                r.peak_gflops);
+  }
   std::printf(
       "model: %s: %d layers, hidden %d, %d heads, %d routed experts top-%d, "
       "%.2f GB of weights (--weight-dtype %s)\n",
@@ -162,18 +176,20 @@ void PrintBenchText(const BenchReport& r) {
       "captured in %.3f s after a %.3f s warm-up\n\n",
       r.context_len, std::string(DTypeName(r.kv_dtype)).c_str(), r.steps, r.build_seconds,
       r.decode.size(), r.capture_seconds, r.warmup_seconds);
-  std::printf("%6s %10s %10s %8s %12s %12s %9s %8s %9s %7s %9s %9s %8s\n", "batch", "graph ms",
+  std::printf("%6s %10s %10s %8s %12s %12s %9s %8s %9s %7s %9s %9s %8s %8s\n", "batch", "graph ms",
               "eager ms", "speedup", "graph tok/s", "eager tok/s", "vs b=1", "experts", "GB/step",
-              "GB/s", "bw GB/s", "of bw", "of best");
+              "GB/s", "bw GB/s", "of bw", "of best", "of peak");
   for (const DecodeResult& d : r.decode) {
     const double gbs = d.bytes / (d.graph_ms / 1e3) / 1e9;
     std::printf(
-        "%6d %10.2f %10.2f %7.2fx %12.1f %12.1f %8.2fx %8d %9.3f %7.2f %9.2f %8.1f%% %7.1f%%\n",
+        "%6d %10.2f %10.2f %7.2fx %12.1f %12.1f %8.2fx %8d %9.3f %7.2f %9.2f %8.1f%% %7.1f%% "
+        "%7.1f%%\n",
         d.batch, d.graph_ms, d.eager_ms, d.eager_ms / d.graph_ms, d.batch / (d.graph_ms / 1e3),
         d.batch / (d.eager_ms / 1e3), tok_s_1 > 0 ? d.batch / (d.graph_ms / 1e3) / tok_s_1 : 0.0,
         d.experts_touched, d.bytes / 1e9, gbs, d.bandwidth_bytes_per_second / 1e9,
         100.0 * Ratio(gbs * 1e9, d.bandwidth_bytes_per_second),
-        100.0 * Ratio(gbs * 1e9, r.bandwidth.bytes_per_second));
+        100.0 * Ratio(gbs * 1e9, r.bandwidth.bytes_per_second),
+        100.0 * Ratio(d.flops / (d.graph_ms / 1e3) / 1e9, r.peak_gflops));
   }
   for (const DecodeResult& d : r.decode) {
     if (d.profile_ms.empty()) continue;
@@ -221,7 +237,9 @@ void PrintBenchText(const BenchReport& r) {
       "bytes/step = weights read (routed experts: those the batch routes to) + "
       "KV cache of the batch; 'of bw' = achieved / the bandwidth measured beside the timing "
       "('bw GB/s', the better of just before and just after); 'of best' = achieved / the "
-      "run's best\n");
+      "run's best; 'of peak' = the step's multiply-adds (each new token's projections, "
+      "routed and shared experts, attention over its context, lm_head) per second / the peak "
+      "multiply-add rate (host; 0 on CUDA)\n");
 }
 
 }  // namespace mlag::cli

@@ -22,6 +22,7 @@ struct DecodeResult {
   double graph_ms = 0, eager_ms = 0;
   double contended_graph_ms = 0;  // with --contend busy threads; 0 when not run
   double bytes = 0;               // per step
+  double flops = 0;               // per step: DecodeFlops, the arithmetic the engine computes
   // The bandwidth ceiling beside the graph timing: the better of one
   // measurement just before it and one just after.
   double bandwidth_bytes_per_second = 0;
@@ -55,6 +56,9 @@ struct BenchReport {
   BandwidthMeasurement bandwidth;
   std::vector<double> bandwidth_runs_bytes_per_second;  // before and after the decode timings
   double bandwidth_gib = 0;                             // the measurement's buffer
+  // Host: the peak multiply-add rate (MeasurePeakGflops), the better of
+  // before and after the decode timings; 0 on CUDA.
+  double peak_gflops = 0;
   std::string model;
   ModelConfig config;
   size_t weight_bytes = 0;

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/host/blas.h"
+#include "kernels/host/gemm.h"
 #include "kernels/host/linear.h"
 #include "kernels/host/parallel.h"
 
@@ -28,6 +29,26 @@ double BestSeconds(int reps, Fn&& fn) {
 }
 
 }  // namespace
+
+double MeasurePeakGflops(int reps) {
+  // Items of 2^20 steps (about 2-20 ms each), claimed one at a time, 16
+  // per thread: a thread that starts late takes fewer, and the total over
+  // the wall time is every thread's rate together.
+  constexpr int64_t kItemSteps = int64_t{1} << 20;
+  const int64_t items = 16 * int64_t{host::NumThreads()};
+  std::vector<int64_t> done(static_cast<size_t>(items));
+  double best = 0.0;
+  for (int r = 0; r < reps; ++r) {
+    const double s = BestSeconds(1, [&] {
+      host::ParallelForDynamic(items,
+                               [&](int64_t i) { done[i] = host::GemmPeakProbe(kItemSteps); });
+    });
+    double madds = 0.0;
+    for (int64_t d : done) madds += static_cast<double>(d);
+    best = std::max(best, 2.0 * madds / s / 1e9);
+  }
+  return best;
+}
 
 absl::StatusOr<std::vector<GemmCost>> MeasureGemmCost(int64_t out, int64_t in,
                                                       std::vector<int64_t> rows, int reps) {

@@ -3,7 +3,8 @@
 // order per output element at every row count, on weights packed as the
 // model's are) against OpenBLAS's sgemm (whose order depends on the row
 // count) on one of the model's projection shapes, both split over the
-// threads by output columns.
+// threads by output columns. And the host's peak multiply-add rate, the
+// arithmetic ceiling of those kernels.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,11 @@ struct GemmCost {
   double host_gemm_gflops = 0;  // 2 * rows * out * in / best time
   double openblas_gflops = 0;
 };
+
+// The host's peak multiply-add rate, as GFLOP/s (two per multiply-add):
+// host::GemmPeakProbe on every host thread at once, best of `reps`. The
+// arithmetic ceiling that decode steps are measured against. Host only.
+double MeasurePeakGflops(int reps = 5);
 
 // Best of `reps` for each distinct row count (ascending), f32 weights
 // [out, in]. Host only.

@@ -136,6 +136,7 @@ __attribute__((always_inline)) inline void InRegister(V&) {}
 struct Variant {
   GemmFn f32, bf16, fp8;
   AccumulateFn accumulate;
+  int64_t (*peak_probe)(int64_t);
   const char* isa;
 };
 
@@ -147,13 +148,16 @@ Variant Select() {
   __builtin_cpu_init();
   if (cap != "avx2" && cap != "sse2" && __builtin_cpu_supports("avx512f") &&
       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("fma")) {
-    return {avx512::GemmF32, avx512::GemmBf16, avx512::GemmFp8, avx512::GemmNNAccumulate, "avx512"};
+    return {avx512::GemmF32,          avx512::GemmBf16,  avx512::GemmFp8,
+            avx512::GemmNNAccumulate, avx512::PeakProbe, "avx512"};
   }
   if (cap != "sse2" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    return {avx2::GemmF32, avx2::GemmBf16, avx2::GemmFp8, avx2::GemmNNAccumulate, "avx2"};
+    return {avx2::GemmF32,          avx2::GemmBf16,  avx2::GemmFp8,
+            avx2::GemmNNAccumulate, avx2::PeakProbe, "avx2"};
   }
 #endif
-  return {base::GemmF32, base::GemmBf16, base::GemmFp8, base::GemmNNAccumulate, "sse2"};
+  return {base::GemmF32,          base::GemmBf16,  base::GemmFp8,
+          base::GemmNNAccumulate, base::PeakProbe, "sse2"};
 }
 
 const Variant& Chosen() {
@@ -258,6 +262,8 @@ void GemmNNAccumulate(int64_t rows, int64_t n, int64_t k, const float* x, int64_
   if (rows <= 0 || n <= 0 || k <= 0) return;
   Chosen().accumulate(rows, n, k, x, ldx, w_rows, y, ldy);
 }
+
+int64_t GemmPeakProbe(int64_t steps) { return steps > 0 ? Chosen().peak_probe(steps) : 0; }
 
 const char* GemmIsa() { return Chosen().isa; }
 

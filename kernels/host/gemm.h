@@ -100,6 +100,14 @@ void GemmNT(int64_t rows, int64_t n_out, int64_t k, const float* x, int64_t ldx,
 void GemmNNAccumulate(int64_t rows, int64_t n, int64_t k, const float* x, int64_t ldx,
                       const float* const* w_rows, float* y, int64_t ldy);
 
+// The arithmetic ceiling of the kernels above: `steps` steps of a dozen
+// independent multiply-add chains, one vector each, in registers (no memory
+// traffic), on the variant GemmNT runs. Returns the multiply-adds done
+// (lanes counted; a multiply and an add on SSE2). Timed on every host thread
+// at once, it is the host's peak multiply-add rate, which mlag bench
+// measures decode's arithmetic against.
+int64_t GemmPeakProbe(int64_t steps);
+
 // Which variant GemmNT runs on this CPU: "avx512", "avx2" or "sse2", the
 // widest the CPU has, or at most MLAG_HOST_ISA ("avx2" or "sse2") when that
 // is set (for tests of the narrower variants).

@@ -388,6 +388,20 @@ TEST(GemmTest, AccumulateMatchesReferenceAndIsIndependentOfBatch) {
   }
 }
 
+// The peak probe reports the multiply-adds it ran: a whole number of
+// vectors per step, in proportion to the steps, none for none.
+TEST(GemmTest, PeakProbeCountsItsMultiplyAdds) {
+  SkipUnlessRequestedIsa();
+  if (::testing::Test::IsSkipped()) return;
+  SCOPED_TRACE(host::GemmIsa());
+  const int64_t per_step = host::GemmPeakProbe(1);
+  EXPECT_GT(per_step, 0);
+  EXPECT_EQ(per_step % 4, 0);  // whole vectors of 4, 8 or 16 lanes
+  EXPECT_EQ(host::GemmPeakProbe(1000), 1000 * per_step);
+  EXPECT_EQ(host::GemmPeakProbe(0), 0);
+  EXPECT_EQ(host::GemmPeakProbe(-5), 0);
+}
+
 TEST(LinearTest, RejectsBadArguments) {
   Owned x = Make(DType::kF32, {3, 8});
   Owned w = Make(DType::kF32, {5, 8});
