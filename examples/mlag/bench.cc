@@ -1,9 +1,9 @@
 // mlag bench: decode step latency and tokens/s per batch size with graphs and
-// eagerly, and achieved bytes/s against a memory-bandwidth ceiling measured in
-// the same run (and, on the host, achieved FLOP/s against the peak
-// multiply-add rate measured in the same run); prefill tokens/s per prompt length against a GEMM
-// ceiling measured in the same run; with --contend N, decode and capture again with N busy threads
-// on the same cores.
+// eagerly, achieved bytes/s against a memory-bandwidth ceiling measured in
+// the same run and (host) achieved FLOP/s against the peak multiply-add rate
+// measured in the same run; prefill tokens/s per prompt length against a
+// GEMM ceiling measured in the same run; with --contend N, decode and
+// capture again with N busy threads on the same cores.
 //
 //   mlag bench --model M [--batch-sizes 1,8,32] [--context-len N]
 //              [--prefill-lens 128,512,2048] [--contend N] [--json]

@@ -57,7 +57,8 @@ struct BenchReport {
   std::vector<double> bandwidth_runs_bytes_per_second;  // before and after the decode timings
   double bandwidth_gib = 0;                             // the measurement's buffer
   // Host: the peak multiply-add rate (MeasurePeakGflops), the better of
-  // before and after the decode timings; 0 on CUDA.
+  // before and after the prefill timings (both after the decode timings); 0
+  // on CUDA.
   double peak_gflops = 0;
   std::string model;
   ModelConfig config;

@@ -37,17 +37,12 @@ double MeasurePeakGflops(int reps) {
   constexpr int64_t kItemSteps = int64_t{1} << 20;
   const int64_t items = 16 * int64_t{host::NumThreads()};
   std::vector<int64_t> done(static_cast<size_t>(items));
-  double best = 0.0;
-  for (int r = 0; r < reps; ++r) {
-    const double s = BestSeconds(1, [&] {
-      host::ParallelForDynamic(items,
-                               [&](int64_t i) { done[i] = host::GemmPeakProbe(kItemSteps); });
-    });
-    double madds = 0.0;
-    for (int64_t d : done) madds += static_cast<double>(d);
-    best = std::max(best, 2.0 * madds / s / 1e9);
-  }
-  return best;
+  const double seconds = BestSeconds(reps, [&] {
+    host::ParallelForDynamic(items, [&](int64_t i) { done[i] = host::GemmPeakProbe(kItemSteps); });
+  });
+  double madds = 0.0;  // the same every repetition
+  for (int64_t d : done) madds += static_cast<double>(d);
+  return 2.0 * madds / seconds / 1e9;
 }
 
 absl::StatusOr<std::vector<GemmCost>> MeasureGemmCost(int64_t out, int64_t in,
