@@ -45,7 +45,7 @@ constexpr int64_t kPackedPrefetchAheadBytes = 4096;
 using GemmFn = void (*)(int64_t, int64_t, int64_t, const float*, int64_t, const GemmWeights&,
                         float*, int64_t);
 using AccumulateFn = void (*)(int64_t, int64_t, int64_t, const float*, int64_t, const float* const*,
-                              float*, int64_t);
+                              float*, int64_t, const void*, int64_t);
 
 // One copy of the kernels per ISA, each compiled for it. Register budgets:
 // AVX-512 has 32 vector registers (6 x 4 accumulators, 4 w vectors, 1 x
@@ -258,9 +258,10 @@ void GemmNT(int64_t rows, int64_t n_out, int64_t k, const float* x, int64_t ldx,
 }
 
 void GemmNNAccumulate(int64_t rows, int64_t n, int64_t k, const float* x, int64_t ldx,
-                      const float* const* w_rows, float* y, int64_t ldy) {
+                      const float* const* w_rows, float* y, int64_t ldy, const void* prefetch,
+                      int64_t prefetch_bytes) {
   if (rows <= 0 || n <= 0 || k <= 0) return;
-  Chosen().accumulate(rows, n, k, x, ldx, w_rows, y, ldy);
+  Chosen().accumulate(rows, n, k, x, ldx, w_rows, y, ldy, prefetch, prefetch_bytes);
 }
 
 int64_t GemmPeakProbe(int64_t steps) { return steps > 0 ? Chosen().peak_probe(steps) : 0; }

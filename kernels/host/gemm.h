@@ -97,8 +97,13 @@ void GemmNT(int64_t rows, int64_t n_out, int64_t k, const float* x, int64_t ldx,
 // blocks). Each y element is one fused multiply-add chain over p in order
 // (multiply then add on SSE2), whatever the row count or blocking.
 // Single-threaded; same ISA choice as GemmNT.
+// `prefetch`, when given, is memory the caller reads next (attention's next
+// key tile): its prefetch_bytes are requested into L2 a cache line at a time
+// over the work, so they arrive while this call computes. A hint only: the
+// result does not depend on it.
 void GemmNNAccumulate(int64_t rows, int64_t n, int64_t k, const float* x, int64_t ldx,
-                      const float* const* w_rows, float* y, int64_t ldy);
+                      const float* const* w_rows, float* y, int64_t ldy,
+                      const void* prefetch = nullptr, int64_t prefetch_bytes = 0);
 
 // The arithmetic ceiling of the kernels above: `steps` steps of a dozen
 // independent multiply-add chains, one vector each, in registers (no memory

@@ -153,6 +153,20 @@ void AttendRange(const SeqKeys& keys, int64_t rkv, int64_t dr, float scale, cons
         sc.row_ptr[j] = dst;
       }
     }
+    // The next tile's first run of contiguous cache rows (the whole tile
+    // unless it crosses a cache block), prefetched while this tile is scored:
+    // the scores are the first to read a tile, and a row is too short a
+    // stream for the hardware prefetcher to reach ahead of them.
+    const char* next = nullptr;
+    int64_t next_bytes = 0;
+    if (t0 + n < key_end) {
+      const int64_t row_bytes = keys.row * keys.esize;
+      const int64_t n_next = std::min(kKeyTile, key_end - t0 - n);
+      next = keys.Row(t0 + n);
+      int64_t run = 1;
+      while (run < n_next && keys.Row(t0 + n + run) == next + run * row_bytes) ++run;
+      next_bytes = run * row_bytes;
+    }
     // scores_t[j * ldq + q] = key j . query q, per run of keys contiguous in
     // the cache (one row stride).
     std::fill(scores_t, scores_t + n * ldq, 0.0f);
@@ -160,7 +174,8 @@ void AttendRange(const SeqKeys& keys, int64_t rkv, int64_t dr, float scale, cons
       int64_t j1 = j0 + 1;
       while (j1 < n && sc.row_ptr[j1] == sc.row_ptr[j1 - 1] + keys.row) ++j1;
       GemmNNAccumulate(j1 - j0, ldq, dim, sc.row_ptr[j0], keys.row, sc.query_rows.data(),
-                       scores_t + j0 * ldq, ldq);
+                       scores_t + j0 * ldq, ldq, j0 == 0 ? next : nullptr,
+                       j0 == 0 ? next_bytes : 0);
       j0 = j1;
     }
     // The online softmax of the tile, all queries at once (their lanes).

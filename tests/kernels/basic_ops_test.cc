@@ -341,15 +341,16 @@ TEST(GemmTest, MatchesReferenceAndIsIndependentOfBatchAndDtype) {
 }
 
 // y += x w with w's rows given by pointer (attention's probabilities times
-// value rows): against a double reference, and each row of y the same bits
-// whatever rows share the call.
+// value rows, and its scores): against a double reference, each row of y the
+// same bits whatever rows share the call, and the same bits with a prefetch
+// span as without.
 TEST(GemmTest, AccumulateMatchesReferenceAndIsIndependentOfBatch) {
   SkipUnlessRequestedIsa();
   if (::testing::Test::IsSkipped()) return;
   SCOPED_TRACE(host::GemmIsa());
   for (int64_t k : {1, 3, 16, 33}) {
     for (int64_t n : {1, 7, 16, 70, 512, 517}) {
-      for (int64_t rows : {1, 2, 3, 4, 5, 9}) {
+      for (int64_t rows : {1, 2, 3, 4, 5, 9, 17}) {
         SCOPED_TRACE(::testing::Message() << rows << " x " << n << " x " << k);
         const int64_t ldx = k + 1, ldy = n + 3, ldw = n + 5;
         const std::vector<float> x =
@@ -363,6 +364,16 @@ TEST(GemmTest, AccumulateMatchesReferenceAndIsIndependentOfBatch) {
             testing::RandomFloats(static_cast<size_t>(rows * ldy), NextSeed());
         std::vector<float> y = y0;
         host::GemmNNAccumulate(rows, n, k, x.data(), ldx, w_rows.data(), y.data(), ldy);
+        // Prefetching fewer cache lines than there are steps, and more (the
+        // excess goes out before the steps).
+        for (int64_t span_bytes : {int64_t{200}, 64 * (k + 40)}) {
+          const std::vector<float> span(static_cast<size_t>(span_bytes / 4), 1.0f);
+          std::vector<float> y_pf = y0;
+          host::GemmNNAccumulate(rows, n, k, x.data(), ldx, w_rows.data(), y_pf.data(), ldy,
+                                 span.data(), span_bytes);
+          EXPECT_EQ(std::memcmp(y_pf.data(), y.data(), y.size() * sizeof(float)), 0)
+              << "prefetching " << span_bytes << " bytes";
+        }
         double err = 0.0, ref = 0.0;
         for (int64_t m = 0; m < rows; ++m) {
           for (int64_t c = 0; c < n; ++c) {
