@@ -32,6 +32,8 @@ struct SeqKeys {
     const int64_t block = blocks[s / block_size];
     return cache + (block * block_size + s % block_size) * row * esize;
   }
+  // Rows s, s + 1, ... to the end of s's block lie one row apart.
+  int64_t ContiguousFrom(int64_t s) const { return block_size - s % block_size; }
 };
 
 // The query vectors of one work item; query q is one (token, head) pair and
@@ -160,12 +162,9 @@ void AttendRange(const SeqKeys& keys, int64_t rkv, int64_t dr, float scale, cons
     const char* next = nullptr;
     int64_t next_bytes = 0;
     if (t0 + n < key_end) {
-      const int64_t row_bytes = keys.row * keys.esize;
-      const int64_t n_next = std::min(kKeyTile, key_end - t0 - n);
+      const int64_t rows = std::min({kKeyTile, key_end - t0 - n, keys.ContiguousFrom(t0 + n)});
       next = keys.Row(t0 + n);
-      int64_t run = 1;
-      while (run < n_next && keys.Row(t0 + n + run) == next + run * row_bytes) ++run;
-      next_bytes = run * row_bytes;
+      next_bytes = rows * keys.row * keys.esize;
     }
     // scores_t[j * ldq + q] = key j . query q, per run of keys contiguous in
     // the cache (one row stride).
