@@ -141,6 +141,18 @@ for d in j["decode"]:
     # step runs below the peak multiply-add rate measured beside it.
     assert d["gflop_per_step"] > 0 and 0 < d["fraction_of_peak"] < 1, d
     assert 0 < d["arithmetic_floor_ms"] < d["graph_ms"], d
+    # The roofline: the longer of moving the step's bytes at the bandwidth
+    # beside it and its arithmetic at the peak rate. 'of bw' is the
+    # fraction of the roofline reached times the most 'of bw' the roofline
+    # allows.
+    close = lambda a, b: abs(a - b) <= 1e-9 * max(abs(a), abs(b))
+    mem = 1e3 * d["bytes_per_step"] / (d["bandwidth_gb_s"] * 1e9)
+    roof = max(mem, d["arithmetic_floor_ms"])
+    assert close(d["memory_floor_ms"], mem) and close(d["roofline_ms"], roof), (d, mem, roof)
+    assert d["bound"] == ("arithmetic" if d["arithmetic_floor_ms"] > mem else "memory"), d
+    assert close(d["max_fraction_of_bandwidth"], mem / roof), d
+    assert d["fraction_of_roofline"] > 0, d
+    assert close(d["fraction_of_roofline"] * d["max_fraction_of_bandwidth"], d["fraction_of_bandwidth"]), d
     assert d["contended_graph_ms"] > 0 and d["contended_vs_uncontended"] > 0, d
     ops = {o["op"]: o["ms_per_step"] for o in d["profile"]}
     assert "layers.*.moe.experts" in ops and "lm_head" in ops, sorted(ops)

@@ -1,7 +1,8 @@
 // mlag bench: decode step latency and tokens/s per batch size with graphs and
 // eagerly, achieved bytes/s against a memory-bandwidth ceiling measured in
 // the same run and (host) achieved FLOP/s against the peak multiply-add rate
-// measured in the same run; prefill tokens/s per prompt length against a
+// measured in the same run, and the roofline of the two (which one bounds the
+// step, and the most of the bandwidth it allows); prefill tokens/s per prompt length against a
 // GEMM ceiling measured in the same run; with --contend N, decode and
 // capture again with N busy threads on the same cores.
 //

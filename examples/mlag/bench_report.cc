@@ -30,6 +30,32 @@ double GemmCeilingGflops(const BenchReport& r, int tokens) {
 
 double Ratio(double a, double b) { return b > 0 ? a / b : 0.0; }
 
+// The roofline of one decode step: the least time any implementation doing
+// the step's arithmetic and moving its bytes could take on this machine,
+// the longer of moving the bytes at the bandwidth measured beside the
+// timing and doing the multiply-adds at the peak rate. Where the arithmetic
+// is the longer, no step reaches the full bandwidth: it reaches at most
+// memory_ms / roofline_ms of it (max_fraction_of_bandwidth). Host only (the
+// peak is not measured on CUDA).
+struct Roofline {
+  double memory_ms = 0, arithmetic_ms = 0, roofline_ms = 0;
+  bool arithmetic_bound = false;
+  double max_fraction_of_bandwidth = 0;  // memory_ms / roofline_ms
+  double fraction_of_roofline = 0;       // roofline_ms / the graph step
+};
+
+Roofline RooflineOf(const BenchReport& r, const DecodeResult& d) {
+  Roofline f;
+  if (r.peak_gflops <= 0 || d.bandwidth_bytes_per_second <= 0 || d.graph_ms <= 0) return f;
+  f.memory_ms = 1e3 * d.bytes / d.bandwidth_bytes_per_second;
+  f.arithmetic_ms = 1e3 * d.flops / (r.peak_gflops * 1e9);
+  f.arithmetic_bound = f.arithmetic_ms > f.memory_ms;
+  f.roofline_ms = std::max(f.memory_ms, f.arithmetic_ms);
+  f.max_fraction_of_bandwidth = Ratio(f.memory_ms, f.roofline_ms);
+  f.fraction_of_roofline = f.roofline_ms / d.graph_ms;
+  return f;
+}
+
 }  // namespace
 
 void PrintBenchJson(const BenchReport& r) {
@@ -88,6 +114,12 @@ void PrintBenchJson(const BenchReport& r) {
       j["decode"].back()["arithmetic_floor_ms"] = 1e3 * d.flops / (r.peak_gflops * 1e9);
       j["decode"].back()["fraction_of_peak"] =
           Ratio(d.flops / (d.graph_ms / 1e3) / 1e9, r.peak_gflops);
+      const Roofline roof = RooflineOf(r, d);
+      j["decode"].back()["memory_floor_ms"] = roof.memory_ms;
+      j["decode"].back()["roofline_ms"] = roof.roofline_ms;
+      j["decode"].back()["bound"] = roof.arithmetic_bound ? "arithmetic" : "memory";
+      j["decode"].back()["max_fraction_of_bandwidth"] = roof.max_fraction_of_bandwidth;
+      j["decode"].back()["fraction_of_roofline"] = roof.fraction_of_roofline;
     }
     if (!d.profile_ms.empty()) {
       nlohmann::json ops = nlohmann::json::array();
@@ -176,20 +208,29 @@ void PrintBenchText(const BenchReport& r) {
       "captured in %.3f s after a %.3f s warm-up\n\n",
       r.context_len, std::string(DTypeName(r.kv_dtype)).c_str(), r.steps, r.build_seconds,
       r.decode.size(), r.capture_seconds, r.warmup_seconds);
-  std::printf("%6s %10s %10s %8s %12s %12s %9s %8s %9s %7s %9s %9s %8s %8s\n", "batch", "graph ms",
+  const bool roofline = r.peak_gflops > 0;
+  std::printf("%6s %10s %10s %8s %12s %12s %9s %8s %9s %7s %9s %9s %8s %8s", "batch", "graph ms",
               "eager ms", "speedup", "graph tok/s", "eager tok/s", "vs b=1", "experts", "GB/step",
               "GB/s", "bw GB/s", "of bw", "of best", "of peak");
+  if (roofline) std::printf(" %7s %7s %8s", "bound", "max bw", "of roof");
+  std::printf("\n");
   for (const DecodeResult& d : r.decode) {
     const double gbs = d.bytes / (d.graph_ms / 1e3) / 1e9;
     std::printf(
         "%6d %10.2f %10.2f %7.2fx %12.1f %12.1f %8.2fx %8d %9.3f %7.2f %9.2f %8.1f%% %7.1f%% "
-        "%7.1f%%\n",
+        "%7.1f%%",
         d.batch, d.graph_ms, d.eager_ms, d.eager_ms / d.graph_ms, d.batch / (d.graph_ms / 1e3),
         d.batch / (d.eager_ms / 1e3), tok_s_1 > 0 ? d.batch / (d.graph_ms / 1e3) / tok_s_1 : 0.0,
         d.experts_touched, d.bytes / 1e9, gbs, d.bandwidth_bytes_per_second / 1e9,
         100.0 * Ratio(gbs * 1e9, d.bandwidth_bytes_per_second),
         100.0 * Ratio(gbs * 1e9, r.bandwidth.bytes_per_second),
         100.0 * Ratio(d.flops / (d.graph_ms / 1e3) / 1e9, r.peak_gflops));
+    if (roofline) {
+      const Roofline roof = RooflineOf(r, d);
+      std::printf(" %7s %6.1f%% %7.1f%%", roof.arithmetic_bound ? "arith" : "memory",
+                  100.0 * roof.max_fraction_of_bandwidth, 100.0 * roof.fraction_of_roofline);
+    }
+    std::printf("\n");
   }
   for (const DecodeResult& d : r.decode) {
     if (d.profile_ms.empty()) continue;
@@ -239,7 +280,11 @@ void PrintBenchText(const BenchReport& r) {
       "('bw GB/s', the better of just before and just after); 'of best' = achieved / the "
       "run's best; 'of peak' = the step's multiply-adds (each new token's projections, "
       "routed and shared experts, attention over its context, lm_head) per second / the peak "
-      "multiply-add rate (host; 0 on CUDA)\n");
+      "multiply-add rate (host; 0 on CUDA); host only: 'bound' = which takes longer, moving "
+      "the step's bytes at 'bw GB/s' or its multiply-adds at the peak rate (the roofline: the "
+      "longer of the two); 'max bw' = the most 'of bw' any step doing this arithmetic could "
+      "reach beside this bandwidth (below 100%% when arithmetic-bound); 'of roof' = the "
+      "roofline / the graph step\n");
 }
 
 }  // namespace mlag::cli
