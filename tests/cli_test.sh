@@ -127,6 +127,7 @@ if command -v python3 >/dev/null 2>&1; then
   if python3 - "$TMP/bench.json" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
+close = lambda a, b: abs(a - b) <= 1e-9 * max(abs(a), abs(b))
 assert j["machine"]["bandwidth_gb_s"] > 0, j["machine"]
 assert [d["batch"] for d in j["decode"]] == [1, 8], j["decode"]
 assert all(0 < b <= j["machine"]["bandwidth_gb_s"] for b in j["machine"]["bandwidth_runs_gb_s"]), j["machine"]
@@ -145,7 +146,6 @@ for d in j["decode"]:
     # beside it and its arithmetic at the peak rate. 'of bw' is the
     # fraction of the roofline reached times the most 'of bw' the roofline
     # allows.
-    close = lambda a, b: abs(a - b) <= 1e-9 * max(abs(a), abs(b))
     mem = 1e3 * d["bytes_per_step"] / (d["bandwidth_gb_s"] * 1e9)
     roof = max(mem, d["arithmetic_floor_ms"])
     assert close(d["memory_floor_ms"], mem) and close(d["roofline_ms"], roof), (d, mem, roof)
@@ -159,7 +159,16 @@ for d in j["decode"]:
     assert not any(c.isdigit() for op in ops for c in op), sorted(ops)
     ms = [o["ms_per_step"] for o in d["profile"]]
     assert all(m >= 0 for m in ms) and ms == sorted(ms, reverse=True) and sum(ms) > 0, d["profile"]
+    # The attention op alone: its share of the step's arithmetic at the rate
+    # of its profiled time, below the peak.
+    a = d["attention_gflop_per_step"]
+    assert 0 < a < d["gflop_per_step"], d
+    assert close(d["attention_gflops"], a / (ops["layers.*.attn.mla"] / 1e3)), d
+    assert 0 < d["attention_fraction_of_peak"] < 1, d
+    assert close(d["attention_fraction_of_peak"], d["attention_gflops"] / j["machine"]["peak_gflops"]), d
 assert j["decode"][1]["gflop_per_step"] > j["decode"][0]["gflop_per_step"], j["decode"]
+# Attention arithmetic grows with the batch: each row attends its own context.
+assert close(j["decode"][1]["attention_gflop_per_step"], 8 * j["decode"][0]["attention_gflop_per_step"]), j["decode"]
 assert [p["tokens"] for p in j["prefill"]] == [16, 40], j["prefill"]
 for p in j["prefill"]:
     assert p["tokens_per_s"] > 0 and p["gflop"] > 0 and p["gemm_ceiling_gflops"] > 0, p

@@ -298,6 +298,7 @@ absl::Status Bench(BenchFlags f) {
     DecodeResult r;
     r.batch = b;
     r.flops = DecodeFlops(mc, b, f.context_len);
+    r.attention_flops = 2.0 * b * AttentionMacs(mc, f.context_len + 1.0);
     // The ceiling beside this timing: the better of one taken just before
     // and one just after, so that both figures come from the same phase of
     // a machine whose bandwidth moves.

@@ -30,6 +30,16 @@ double GemmCeilingGflops(const BenchReport& r, int tokens) {
 
 double Ratio(double a, double b) { return b > 0 ? a / b : 0.0; }
 
+// The attention op's share of a profiled step (--profile, host): the eager
+// milliseconds of layers.*.attn.mla, 0 when not profiled.
+constexpr const char* kAttentionOp = "layers.*.attn.mla";
+double AttentionMs(const DecodeResult& d) {
+  for (const auto& [op, ms] : d.profile_ms) {
+    if (op == kAttentionOp) return ms;
+  }
+  return 0.0;
+}
+
 // The roofline of one decode step: the least time any implementation doing
 // the step's arithmetic and moving its bytes could take on this machine,
 // the longer of moving the bytes at the bandwidth measured beside the
@@ -127,6 +137,18 @@ void PrintBenchJson(const BenchReport& r) {
         ops.push_back({{"op", op}, {"ms_per_step", ms}, {"share", ms / d.eager_ms}});
       }
       j["decode"].back()["profile"] = ops;
+      // The attention over the cache alone: its arithmetic per second, and
+      // that against the peak (the one op that is neither a weight stream
+      // nor a GEMM of the host's packed kind).
+      const double attention_ms = AttentionMs(d);
+      if (attention_ms > 0) {
+        const double gflops = d.attention_flops / (attention_ms / 1e3) / 1e9;
+        j["decode"].back()["attention_gflop_per_step"] = d.attention_flops / 1e9;
+        j["decode"].back()["attention_gflops"] = gflops;
+        if (r.peak_gflops > 0) {
+          j["decode"].back()["attention_fraction_of_peak"] = gflops / r.peak_gflops;
+        }
+      }
     }
     if (r.contention.threads > 0) {
       j["decode"].back()["contended_graph_ms"] = d.contended_graph_ms;
@@ -238,6 +260,14 @@ void PrintBenchText(const BenchReport& r) {
     for (const auto& [op, ms] : d.profile_ms) {
       if (ms < 0.005 * d.eager_ms) break;  // sorted: the rest are smaller
       std::printf("  %8.2f %5.1f%%  %s\n", ms, 100.0 * ms / d.eager_ms, op.c_str());
+    }
+    const double attention_ms = AttentionMs(d);
+    if (attention_ms > 0) {
+      const double gflops = d.attention_flops / (attention_ms / 1e3) / 1e9;
+      std::printf("  attention (%s): %.2f GFLOP per step at %.1f GFLOP/s", kAttentionOp,
+                  d.attention_flops / 1e9, gflops);
+      if (r.peak_gflops > 0) std::printf(", %.1f%% of peak", 100.0 * gflops / r.peak_gflops);
+      std::printf("\n");
     }
   }
   if (!r.gemm_cost.empty()) {

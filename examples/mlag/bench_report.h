@@ -23,6 +23,7 @@ struct DecodeResult {
   double contended_graph_ms = 0;  // with --contend busy threads; 0 when not run
   double bytes = 0;               // per step
   double flops = 0;               // per step: DecodeFlops, the arithmetic the engine computes
+  double attention_flops = 0;     // the part of it in the attention over the cache (attn.mla)
   // The bandwidth ceiling beside the graph timing: the better of one
   // measurement just before it and one just after.
   double bandwidth_bytes_per_second = 0;
