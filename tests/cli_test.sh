@@ -141,7 +141,7 @@ for d in j["decode"]:
     # The arithmetic (more per step at batch 8 than at 1, below): a host
     # step runs below the peak multiply-add rate measured beside it.
     assert d["gflop_per_step"] > 0 and 0 < d["fraction_of_peak"] < 1, d
-    assert 0 < d["arithmetic_floor_ms"] < d["graph_ms"], d
+    assert close(d["arithmetic_floor_ms"], 1e3 * d["gflop_per_step"] / j["machine"]["peak_gflops"]), d
     # The roofline: the longer of moving the step's bytes at the bandwidth
     # beside it and its arithmetic at the peak rate. 'of bw' is the
     # fraction of the roofline reached times the most 'of bw' the roofline
