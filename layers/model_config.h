@@ -39,6 +39,11 @@ struct ModelConfig {
   int max_position_embeddings = 0;
   RopeParams rope;  // rotary_dim == qk_rope_head_dim
   bool tie_word_embeddings = false;
+  // DeepSeek-V3's multi-token-prediction layers, stored after the decoder
+  // layers (model.layers.<num_hidden_layers + i>.*). Not used for decoding:
+  // the loader recognises and skips them. config.json's value, or 1 for
+  // deepseek_v3 when absent (transformers' default), 0 for deepseek_v2.
+  int num_nextn_predict_layers = 0;
   // quantization_config: fp8 e4m3 weights with 128 x 128 block scales
   // (DeepSeek-V3's layout). Each tensor's dtype is still read from the
   // checkpoint; this says how export writes it.

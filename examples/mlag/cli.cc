@@ -102,7 +102,9 @@ void EngineFlags::Register(CLI::App* app) {
                   "type's), v2 or v3")
       ->check(CLI::IsMember({"auto", "v2", "v3"}));
   app->add_flag("--trust-weights", trust_weights,
-                "skip the load-time scan that refuses NaN and infinite weights");
+                "skip the load-time scan that refuses NaN and infinite f32, bf16 and f16 "
+                "weights (fp8 weights and their block scales are always checked: the fp8 "
+                "kernels rely on them)");
 }
 
 void AddWeightDtype(CLI::App* app, std::string* weight_dtype) {

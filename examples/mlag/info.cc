@@ -7,7 +7,6 @@
 #include <memory>
 #include <string>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "examples/mlag/cli.h"
@@ -62,15 +61,11 @@ int Info(const InfoFlags& f) {
   if (c.fp8_block_quantized) {
     std::printf("checkpoint: fp8 e4m3 projections with 128x128 block scales\n");
   }
-  // Tensors the model does not use: the multi-token-prediction layer(s) of V3.
-  const std::string mtp = absl::StrCat("model.layers.", c.num_hidden_layers, ".");
-  int mtp_tensors = 0;
-  for (const std::string& name : source->weights->Unread()) {
-    mtp_tensors += absl::StartsWith(name, mtp) ? 1 : 0;
-  }
-  if (mtp_tensors > 0) {
+  // Tensors the model does not use: the multi-token-prediction layer(s) of V3
+  // (BuildModel refused anything else left unread).
+  for (const auto& [layer, tensors] : SortUnreadTensors(c, source->weights->Unread()).mtp_layers) {
     std::printf("skipped: multi-token-prediction layer %d (%d tensors; not used for decoding)\n",
-                c.num_hidden_layers, mtp_tensors);
+                layer, tensors);
   }
   std::printf("built in %.2f s\n", seconds);
   return 0;

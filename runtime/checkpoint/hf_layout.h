@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "layers/model_config.h"
@@ -35,9 +36,23 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& config);
 // norms, the router gate or the correction bias.
 bool QuantizedInFp8Checkpoints(const TensorSpec& spec);
 
-// Whether a checkpoint tensor that no layer reads may be ignored: the V3
-// multi-token-prediction layer (model.layers.<num_hidden_layers>.*) and rotary
-// inv_freq buffers some exporters write.
-bool IsIgnorableTensor(const ModelConfig& config, const std::string& name);
+// The decoder layer a tensor name belongs to: "model.layers.<i>.…" -> i;
+// -1 for any other name.
+int LayerIndexOf(const std::string& name);
+
+// The checkpoint tensors no layer read, sorted into those the loader may
+// skip and those it may not. Skipped: rotary inv_freq buffers some exporters
+// write, and DeepSeek-V3's multi-token-prediction layers, model.layers.<L>.*
+// for num_hidden_layers <= L < num_hidden_layers + num_nextn_predict_layers
+// where the layer holds eh_proj.weight: the tensors an MTP layer holds (a
+// decoder layer, embed_tokens, enorm, hnorm, eh_proj, shared_head.norm and
+// shared_head.head, and block scales of them). Any other tensor past the
+// decoder layers (in such a layer, or in a layer without eh_proj: say, a
+// config that gives fewer layers than the checkpoint holds) is unexpected.
+struct UnreadTensors {
+  std::vector<std::string> unexpected;          // in the order given
+  std::vector<std::pair<int, int>> mtp_layers;  // (layer, tensors) skipped, by layer
+};
+UnreadTensors SortUnreadTensors(const ModelConfig& config, const std::vector<std::string>& unread);
 
 }  // namespace mlag

@@ -264,6 +264,12 @@ bool SameYarn(const RopeDict& a, const RopeDict& b) {
 }  // namespace
 
 absl::StatusOr<json> ParseJsonStrict(absl::string_view text, absl::string_view source) {
+  // The parser takes a NUL byte for the end of the input, so what follows one
+  // would go unread (a safetensors header is padded with spaces, never NULs).
+  if (const size_t nul = text.find('\0'); nul != absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": not valid JSON: a NUL byte at offset ", nul));
+  }
   // The keys of every object being parsed, innermost last (keys only occur
   // directly inside objects, so the innermost open object owns each key).
   std::vector<std::set<std::string>> open_objects;
@@ -424,6 +430,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
   c.max_position_embeddings = 2048;
   MLAG_RETURN_IF_ERROR(f.Int("max_position_embeddings", &c.max_position_embeddings));
   MLAG_RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &c.tie_word_embeddings));
+  // Multi-token-prediction layers: not computed, but their tensors follow the
+  // decoder layers in the checkpoint and the loader must know to skip them.
+  c.num_nextn_predict_layers = c.model_type == "deepseek_v3" ? 1 : 0;
+  MLAG_RETURN_IF_ERROR(f.Int("num_nextn_predict_layers", &c.num_nextn_predict_layers));
   // Fields the runtime does not model must hold the one value it computes.
   std::string hidden_act = "silu";
   MLAG_RETURN_IF_ERROR(f.String("hidden_act", &hidden_act));
@@ -442,6 +452,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
     }
     Fields qf(*q, source, "quantization_config.");
     std::string method = "fp8", fmt = "e4m3", activations = "dynamic";
+    if (!qf.Has("quant_method")) return qf.Error("quant_method", "missing (required)");
     MLAG_RETURN_IF_ERROR(qf.String("quant_method", &method));
     MLAG_RETURN_IF_ERROR(qf.String("fmt", &fmt));
     MLAG_RETURN_IF_ERROR(qf.String("activation_scheme", &activations));
@@ -511,7 +522,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
   }
   for (const Positive& p : {Positive{"n_routed_experts", c.n_routed_experts},
                             Positive{"n_shared_experts", c.n_shared_experts},
-                            Positive{"first_k_dense_replace", c.first_k_dense_replace}}) {
+                            Positive{"first_k_dense_replace", c.first_k_dense_replace},
+                            Positive{"num_nextn_predict_layers", c.num_nextn_predict_layers}}) {
     if (p.value < 0) return f.Error(p.name, absl::StrCat("must not be negative, got ", p.value));
   }
   // Plausible ranges, checked before any arithmetic on the sizes (the
@@ -542,6 +554,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
            Bounded{"topk_group", c.topk_group, kMaxExperts},
            Bounded{"first_k_dense_replace", c.first_k_dense_replace, kMaxLayers},
            Bounded{"moe_layer_freq", c.moe_layer_freq, kMaxLayers},
+           Bounded{"num_nextn_predict_layers", c.num_nextn_predict_layers, kMaxLayers},
        }) {
     if (b.value > b.max) {
       return f.Error(b.name,
@@ -643,6 +656,7 @@ json ModelConfigToJson(const ModelConfig& c) {
     j["rope_scaling"] = nullptr;
   }
   j["tie_word_embeddings"] = c.tie_word_embeddings;
+  if (v3) j["num_nextn_predict_layers"] = c.num_nextn_predict_layers;
   j["hidden_act"] = "silu";
   j["attention_bias"] = false;
   j["torch_dtype"] = "bfloat16";

@@ -6,8 +6,10 @@
 // unknown topk_method / scoring_func / rope type, or two fields that
 // contradict each other is an InvalidArgument naming the field; fields that
 // do not affect the computation (transformers_version, bos_token_id,
-// num_key_value_heads, num_nextn_predict_layers, quantization_config, ...) are
-// ignored.
+// num_key_value_heads, ...) are ignored. num_nextn_predict_layers says which
+// layers past num_hidden_layers the loader may skip (multi-token prediction);
+// quantization_config must be DeepSeek-V3's fp8 block layout, quant_method
+// included.
 //
 // Example:
 //   MLAG_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir + "/config.json"));
@@ -39,9 +41,10 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path_to_config_js
 // gives back `config`.
 nlohmann::json ModelConfigToJson(const ModelConfig& config);
 
-// Parses JSON text the way every loader in runtime/ does: a syntax error, or a
-// key repeated within one object (which JSON tolerates but which would make
-// the last value silently win), is InvalidArgument naming `source`.
+// Parses JSON text the way every loader in runtime/ does: a syntax error, a
+// NUL byte (the parser would stop there and ignore the rest), or a key
+// repeated within one object (which JSON tolerates but which would make the
+// last value silently win), is InvalidArgument naming `source`.
 absl::StatusOr<nlohmann::json> ParseJsonStrict(absl::string_view text, absl::string_view source);
 
 }  // namespace mlag

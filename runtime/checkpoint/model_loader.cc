@@ -219,6 +219,27 @@ absl::StatusOr<ModelSource> OpenModel(const std::string& name_or_dir) {
   }
   MLAG_ASSIGN_OR_RETURN(source.config, LoadModelConfig(name_or_dir + "/config.json"));
   MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(name_or_dir));
+  // config.json and the tensors agree on fp8: `--weight-dtype auto` and
+  // `mlag info` go by the config, the arithmetic by each tensor's dtype.
+  const std::string* fp8_tensor = nullptr;
+  for (const std::string& name : checkpoint->names()) {
+    if (checkpoint->Find(name)->dtype == DType::kF8E4M3) {
+      fp8_tensor = &name;
+      break;
+    }
+  }
+  if (fp8_tensor != nullptr && !source.config.fp8_block_quantized) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name_or_dir, ": tensor '", *fp8_tensor,
+        "' is F8_E4M3 but config.json has no quantization_config (an fp8 checkpoint declares "
+        "{\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", \"weight_block_size\": [128, 128]})"));
+  }
+  if (fp8_tensor == nullptr && source.config.fp8_block_quantized) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name_or_dir,
+                     ": config.json's quantization_config declares fp8 weights, but no tensor "
+                     "is stored as F8_E4M3"));
+  }
   source.weights = std::make_unique<CheckpointWeights>(std::move(checkpoint), name_or_dir);
   source.description = name_or_dir;
   return source;
@@ -231,13 +252,15 @@ absl::StatusOr<std::unique_ptr<DeepseekModel>> BuildModel(ModelSource& source, D
   std::vector<int> local = options.local_experts;
   std::sort(local.begin(), local.end());
   std::vector<std::string> unexpected;
-  for (const std::string& name : source.weights->Unread()) {
-    if (IsIgnorableTensor(source.config, name)) continue;
+  bool past_layers = false;  // an unexpected tensor of a layer past num_hidden_layers
+  for (const std::string& name :
+       SortUnreadTensors(source.config, source.weights->Unread()).unexpected) {
     int expert = RoutedExpertId(name);
     if (expert >= 0 && !local.empty() && !std::binary_search(local.begin(), local.end(), expert) &&
         expert < source.config.n_routed_experts) {
       continue;  // held by another expert-parallel rank
     }
+    past_layers = past_layers || LayerIndexOf(name) >= source.config.num_hidden_layers;
     unexpected.push_back(name);
   }
   if (!unexpected.empty()) {
@@ -246,9 +269,15 @@ absl::StatusOr<std::unique_ptr<DeepseekModel>> BuildModel(ModelSource& source, D
       unexpected.resize(5);
       unexpected.push_back(absl::StrCat("and ", more, " more"));
     }
-    return absl::InvalidArgumentError(
-        absl::StrCat(source.description,
-                     ": unexpected tensor(s) for this config: ", absl::StrJoin(unexpected, ", ")));
+    const ModelConfig& c = source.config;
+    return absl::InvalidArgumentError(absl::StrCat(
+        source.description,
+        ": unexpected tensor(s) for this config: ", absl::StrJoin(unexpected, ", "),
+        past_layers ? absl::StrCat(" (config.json: num_hidden_layers ", c.num_hidden_layers,
+                                   ", num_nextn_predict_layers ", c.num_nextn_predict_layers,
+                                   "; a layer past num_hidden_layers is skipped only as a "
+                                   "multi-token-prediction layer, with its eh_proj)")
+                    : ""));
   }
   return model;
 }

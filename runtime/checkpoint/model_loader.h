@@ -64,7 +64,8 @@ absl::StatusOr<ModelSource> OpenModel(const std::string& name_or_dir);
 
 // Builds the model from `source` and checks that the checkpoint held nothing
 // unexpected: every tensor must have been read, except ignorable ones
-// (IsIgnorableTensor) and routed experts this instance does not hold.
+// (SortUnreadTensors: skipped multi-token-prediction layers, rotary buffers)
+// and routed experts this instance does not hold.
 absl::StatusOr<std::unique_ptr<DeepseekModel>> BuildModel(ModelSource& source, Device* device,
                                                           const ModelOptions& options);
 

@@ -184,9 +184,13 @@ absl::Status SafetensorsFile::ParseHeader() {
     if (!found) {
       for (const char* unsupported : kUnsupportedDTypes) {
         if (dtype_name == unsupported) {
+          std::string supported;
+          for (const DTypeSpelling& s : kDTypes) {
+            absl::StrAppend(&supported, supported.empty() ? "" : ", ", s.name);
+          }
           return absl::UnimplementedError(
               absl::StrCat(path_, ": tensor '", name, "': dtype ", dtype_name,
-                           " is not supported (supported: F32, BF16, F16, I32, I64, U8)"));
+                           " is not supported (supported: ", supported, ")"));
         }
       }
       return bad(absl::StrCat("unknown dtype \"", dtype_name, "\""));

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -31,6 +32,7 @@ namespace mlag {
 namespace {
 
 using ::mlag::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 using ::mlag::testing::MakeTempDir;
@@ -207,14 +209,18 @@ TEST(WeightDtypeTest, Bf16BuiltinAndShardedFp8GiveTheSameBits) {
   same(RunModel(sharded, "auto", specs), RunModel(Fp8Dir(), "auto", specs));
 }
 
-// A copy of the fp8 checkpoint with its tensors passed through `edit`
-// (which may change them or add more).
+// A copy of the checkpoint at `from` (the fp8 one by default) with its
+// tensors passed through `edit` (which may change them or add more) and its
+// config.json through `edit_config`.
 using Edit = std::function<void(const SafetensorsTensor&, SafetensorsWriter&)>;
-std::string EditedCopy(const Edit& edit) {
+using EditConfig = std::function<void(nlohmann::json&)>;
+std::string EditedCopy(const Edit& edit, const EditConfig& edit_config = nullptr,
+                       const std::string& from = Fp8Dir()) {
   const std::string dir = MakeTempDir();
-  std::ifstream in(Fp8Dir() + "/config.json");
-  std::ofstream(dir + "/config.json") << in.rdbuf();
-  auto ckpt = Checkpoint::Open(Fp8Dir()).value();
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(from + "/config.json"));
+  if (edit_config) edit_config(config);
+  std::ofstream(dir + "/config.json") << config.dump(2);
+  auto ckpt = Checkpoint::Open(from).value();
   SafetensorsWriter writer;
   for (const std::string& name : ckpt->names()) edit(*ckpt->Find(name), writer);
   EXPECT_OK(writer.Write(dir + "/model.safetensors"));
@@ -275,17 +281,66 @@ TEST(Fp8CheckpointTest, RefusesMalformedFp8TensorsNamingThem) {
   EXPECT_THAT(Build(nan, "f32"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(kWeight)));
 }
 
+// Adds to the writer a multi-token-prediction layer `layer` after tiny-v3's
+// four decoder layers, shaped as DeepSeek-V3 stores one: its own tensors
+// (eh_proj in fp8 with block scales), a decoder layer's, and `extra`.
+void AddMtpLayer(SafetensorsWriter& w, int layer, const std::vector<std::string>& extra = {}) {
+  const ModelConfig c = BuiltinModelConfig("tiny-v3").value();
+  const int64_t D = c.hidden_size;
+  const std::string l = absl::StrCat("model.layers.", layer, ".");
+  static const std::vector<uint8_t> fp8(static_cast<size_t>(2 * D * D), 0x38);  // 1.0
+  static const std::vector<float> ones(static_cast<size_t>(8 * D), 1.0f);
+  EXPECT_OK(w.Add(l + "eh_proj.weight", DType::kF8E4M3, {D, 2 * D}, fp8.data()));
+  EXPECT_OK(w.Add(l + "eh_proj.weight_scale_inv", DType::kF32, {Fp8Blocks(D), Fp8Blocks(2 * D)},
+                  ones.data()));
+  for (const char* norm : {"enorm.weight", "hnorm.weight", "shared_head.norm.weight",
+                           "input_layernorm.weight", "post_attention_layernorm.weight"}) {
+    EXPECT_OK(w.Add(l + norm, DType::kF32, {D}, ones.data()));
+  }
+  EXPECT_OK(w.Add(l + "mlp.experts.3.down_proj.weight", DType::kF32, {D, 4}, ones.data()));
+  for (const std::string& name : extra) EXPECT_OK(w.Add(l + name, DType::kF32, {D}, ones.data()));
+}
+
 TEST(Fp8CheckpointTest, SkipsTheMultiTokenPredictionLayerAndRefusesOtherExtras) {
-  // V3 checkpoints carry model.layers.<num_hidden_layers>.* (MTP), fp8 too.
-  const std::string mtp = EditedCopy([](const SafetensorsTensor& t, SafetensorsWriter& w) {
-    Keep(t, w);
-    if (t.name != kWeight) return;
-    EXPECT_OK(w.Add("model.layers.4.eh_proj.weight", t.dtype, t.shape, t.data));
-    std::vector<float> s(static_cast<size_t>(Fp8Blocks(t.shape[0]) * Fp8Blocks(t.shape[1])), 1.0f);
-    EXPECT_OK(w.Add("model.layers.4.eh_proj.weight_scale_inv", DType::kF32,
-                    {Fp8Blocks(t.shape[0]), Fp8Blocks(t.shape[1])}, s.data()));
-  });
-  EXPECT_OK(Build(mtp));
+  auto with_mtp = [](std::vector<std::string> extra = {}) {
+    return [extra](const SafetensorsTensor& t, SafetensorsWriter& w) {
+      Keep(t, w);
+      if (t.name == kWeight) AddMtpLayer(w, 4, extra);
+    };
+  };
+  auto nextn = [](int n) { return [n](nlohmann::json& j) { j["num_nextn_predict_layers"] = n; }; };
+  // V3 checkpoints carry model.layers.<num_hidden_layers>.* (MTP), fp8 too:
+  // skipped, and info's SortUnreadTensors names the layer.
+  const std::string mtp = EditedCopy(with_mtp(), nextn(1));
+  {
+    auto device = Device::Create("host");
+    ASSERT_OK(device.status());
+    ModelSource source = OpenModel(mtp).value();
+    ASSERT_OK(BuildModel(source, device->get(), ModelOptions()).status());
+    const UnreadTensors unread = SortUnreadTensors(source.config, source.weights->Unread());
+    EXPECT_THAT(unread.unexpected, ::testing::IsEmpty());
+    ASSERT_EQ(unread.mtp_layers.size(), 1u);
+    EXPECT_EQ(unread.mtp_layers[0], std::make_pair(4, 8));
+  }
+  // Not when the config says there is none.
+  EXPECT_THAT(
+      Build(EditedCopy(with_mtp(), nextn(0))),
+      StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr("model.layers.4.eh_proj.weight"),
+                                                         HasSubstr("num_nextn_predict_layers 0"))));
+  // Nor with a tensor no MTP layer holds.
+  EXPECT_THAT(Build(EditedCopy(with_mtp({"totally_bogus.weight"}), nextn(1))),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model.layers.4.totally_bogus.weight")));
+  // A config that gives fewer layers than the checkpoint holds: the last
+  // decoder layer is no MTP layer (no eh_proj), so it is not skipped.
+  EXPECT_THAT(Build(EditedCopy(Keep,
+                               [](nlohmann::json& j) {
+                                 j["num_hidden_layers"] = 3;
+                                 j["num_nextn_predict_layers"] = 1;
+                               })),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("model.layers.3."), HasSubstr("num_hidden_layers 3"))));
+  // Any other extra tensor.
   const std::string extra = EditedCopy([](const SafetensorsTensor& t, SafetensorsWriter& w) {
     Keep(t, w);
     if (t.name == kWeight) {
@@ -294,6 +349,29 @@ TEST(Fp8CheckpointTest, SkipsTheMultiTokenPredictionLayerAndRefusesOtherExtras) 
   });
   EXPECT_THAT(Build(extra), StatusIs(absl::StatusCode::kInvalidArgument,
                                      HasSubstr("model.layers.1.mlp.extra.weight")));
+}
+
+// config.json and the tensors must agree on fp8: a mislabelled checkpoint is
+// refused, not run (or reported) as what it is not.
+TEST(Fp8CheckpointTest, RefusesAConfigThatDisagreesWithTheTensorsOnFp8) {
+  EXPECT_THAT(Build(EditedCopy(Keep, [](nlohmann::json& j) { j.erase("quantization_config"); })),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("F8_E4M3"), HasSubstr("no quantization_config"))));
+  const std::string bf16 = MakeTempDir() + "/tiny-v3-bf16";
+  {
+    ModelSource source = OpenModel("tiny-v3").value();
+    ASSERT_OK(ExportModel(source.config, *source.weights, bf16, DType::kBF16));
+  }
+  EXPECT_OK(Build(bf16));
+  const std::string labelled = EditedCopy(
+      Keep,
+      [](nlohmann::json& j) {
+        j["quantization_config"] =
+            nlohmann::json::parse(std::ifstream(Fp8Dir() + "/config.json"))["quantization_config"];
+      },
+      bf16);
+  EXPECT_THAT(Build(labelled), StatusIs(absl::StatusCode::kInvalidArgument,
+                                        HasSubstr("no tensor is stored as F8_E4M3")));
 }
 
 }  // namespace

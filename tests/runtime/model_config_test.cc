@@ -129,6 +129,7 @@ void ExpectSameConfig(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.rms_norm_eps, b.rms_norm_eps);
   EXPECT_EQ(a.max_position_embeddings, b.max_position_embeddings);
   EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
+  EXPECT_EQ(a.num_nextn_predict_layers, b.num_nextn_predict_layers);
   ExpectSameRope(a.rope, b.rope);
 }
 
@@ -308,6 +309,13 @@ TEST(ModelConfigTest, HfDefaultsForAbsentOptionalFields) {
   EXPECT_EQ(c.rope.theta, 10000.0);
   EXPECT_FALSE(c.rope.yarn);
   EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(c.num_nextn_predict_layers, 0);  // V2 has no multi-token prediction
+  // V3 without the field: transformers' default, one MTP layer.
+  json v3 = V3Json();
+  v3.erase("num_nextn_predict_layers");
+  EXPECT_EQ(ParseJson(v3).num_nextn_predict_layers, 1);
+  v3["num_nextn_predict_layers"] = 0;
+  EXPECT_EQ(ParseJson(v3).num_nextn_predict_layers, 0);
 }
 
 TEST(ModelConfigTest, ModelTypeFromArchitectures) {
@@ -369,6 +377,10 @@ TEST(ModelConfigTest, EveryErrorNamesItsField) {
       {"implausible_experts", [](json& j) { j["n_routed_experts"] = 1000000000; },
        "n_routed_experts"},
       {"implausible_layers", [](json& j) { j["num_hidden_layers"] = 100000; }, "num_hidden_layers"},
+      {"negative_nextn", [](json& j) { j["num_nextn_predict_layers"] = -1; },
+       "num_nextn_predict_layers"},
+      {"quant_method_missing", [](json& j) { j["quantization_config"].erase("quant_method"); },
+       "quantization_config.quant_method"},
       {"unknown_rope_type", [](json& j) { j["rope_scaling"]["type"] = "linear"; },
        "rope_scaling.type"},
       {"rope_type_missing", [](json& j) { j["rope_scaling"].erase("type"); },
@@ -456,6 +468,11 @@ TEST(ModelConfigTest, MalformedTextIsAnError) {
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(std::string(c.status().message()), HasSubstr("cfg/config.json"));
   }
+  // Text after a NUL byte is not silently ignored.
+  const std::string nul = std::string(kV3Config) + std::string(1, '\0') + "{}";
+  auto after_nul = ParseModelConfig(nul, "cfg/config.json");
+  ASSERT_FALSE(after_nul.ok());
+  EXPECT_THAT(std::string(after_nul.status().message()), HasSubstr("NUL"));
   // A field given twice is ambiguous: an error naming it.
   std::string text = kV3Config;
   text.insert(text.find('{') + 1, "\"hidden_size\": 1024,");

@@ -320,10 +320,16 @@ std::vector<BadFile> BadFiles() {
        RawFile("{\"w\":" + Entry("F8_E5M2", "[2]", "[0,2]") + "}", 8),
        C::kUnimplemented,
        {"w", "F8_E5M2"}},
-      {"f64_dtype",
+      {"f64_dtype",  // the message lists what is read, fp8 included
        RawFile("{\"w\":" + Entry("F64", "[2]", "[0,16]") + "}", 16),
        C::kUnimplemented,
-       {"w", "F64"}},
+       {"w", "F64", "F8_E4M3"}},
+      {"nul_in_header",  // the JSON parser would stop at it and ignore the rest
+       RawFile("{\"w\":" + Entry("F32", "[2]", "[0,8]") + "}" + std::string(1, '\0') +
+                   "{\"x\":" + Entry("F32", "[2]", "[0,8]") + "}",
+               8),
+       C::kInvalidArgument,
+       {"NUL"}},
       {"negative_dim",
        RawFile("{\"w\":" + Entry("F32", "[-1,2]", "[0,8]") + "}", 8),
        C::kInvalidArgument,
