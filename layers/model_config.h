@@ -41,8 +41,9 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   // DeepSeek-V3's multi-token-prediction layers, stored after the decoder
   // layers (model.layers.<num_hidden_layers + i>.*). Not used for decoding:
-  // the loader recognises and skips them. config.json's value, or 1 for
-  // deepseek_v3 when absent (transformers' default), 0 for deepseek_v2.
+  // the loader recognises and skips them. config.json's value, or when it is
+  // absent 1 for deepseek_v3 (the default of DeepSeek's
+  // configuration_deepseek.py) and 0 for deepseek_v2.
   int num_nextn_predict_layers = 0;
   // quantization_config: fp8 e4m3 weights with 128 x 128 block scales
   // (DeepSeek-V3's layout). Each tensor's dtype is still read from the

@@ -1,10 +1,11 @@
 // mlag bench: decode step latency and tokens/s per batch size with graphs and
 // eagerly, achieved bytes/s against a memory-bandwidth ceiling measured in
 // the same run and (host) achieved FLOP/s against the peak multiply-add rate
-// measured in the same run, and the roofline of the two (which one bounds the
-// step, and the most of the bandwidth it allows); prefill tokens/s per prompt length against a
-// GEMM ceiling measured in the same run; with --contend N, decode and
-// capture again with N busy threads on the same cores.
+// measured in the same run, and the roofline of the two (which one bounds
+// the step, and the most of the bandwidth it allows); prefill tokens/s per
+// prompt length against a GEMM ceiling measured in the same run; with
+// --contend N, decode and capture again with N busy threads on the same
+// cores.
 //
 //   mlag bench --model M [--batch-sizes 1,8,32] [--context-len N]
 //              [--prefill-lens 128,512,2048] [--contend N] [--json]
@@ -126,13 +127,19 @@ double PrefillFlops(const ModelConfig& c, int64_t tokens) {
                 static_cast<double>(c.hidden_size) * c.vocab_size);
 }
 
+// Multiply-adds times two of the attention in one decode step of `batch`
+// sequences with `context` tokens cached: each new token over context + 1 keys.
+double DecodeAttentionFlops(const ModelConfig& c, int batch, int context) {
+  return 2.0 * batch * AttentionMacs(c, context + 1.0);
+}
+
 // Multiply-adds times two of one decode step of `batch` sequences with
 // `context` tokens cached: each new token's projections and experts, its
-// attention over context + 1 keys, and lm_head for every row.
+// attention (DecodeAttentionFlops), and lm_head for every row.
 double DecodeFlops(const ModelConfig& c, int batch, int context) {
   return 2.0 * batch *
-         (ProjectionMacsPerToken(c) + AttentionMacs(c, context + 1.0) +
-          static_cast<double>(c.hidden_size) * c.vocab_size);
+             (ProjectionMacsPerToken(c) + static_cast<double>(c.hidden_size) * c.vocab_size) +
+         DecodeAttentionFlops(c, batch, context);
 }
 
 double Median(std::vector<double> v) {
@@ -298,7 +305,7 @@ absl::Status Bench(BenchFlags f) {
     DecodeResult r;
     r.batch = b;
     r.flops = DecodeFlops(mc, b, f.context_len);
-    r.attention_flops = 2.0 * b * AttentionMacs(mc, f.context_len + 1.0);
+    r.attention_flops = DecodeAttentionFlops(mc, b, f.context_len);
     // The ceiling beside this timing: the better of one taken just before
     // and one just after, so that both figures come from the same phase of
     // a machine whose bandwidth moves.

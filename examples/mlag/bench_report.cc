@@ -87,6 +87,8 @@ void PrintBenchJson(const BenchReport& r) {
                 {"heads", r.config.num_attention_heads},
                 {"routed_experts", r.config.n_routed_experts},
                 {"top_k", r.config.num_experts_per_tok},
+                {"kv_lora_rank", r.config.kv_lora_rank},
+                {"qk_rope_head_dim", r.config.qk_rope_head_dim},
                 {"weight_bytes", r.weight_bytes}};
   j["kv_cache_dtype"] = DTypeName(r.kv_dtype);
   j["weight_dtype"] = WeightFormatName(r.weight_format);
@@ -124,12 +126,13 @@ void PrintBenchJson(const BenchReport& r) {
       j["decode"].back()["arithmetic_floor_ms"] = 1e3 * d.flops / (r.peak_gflops * 1e9);
       j["decode"].back()["fraction_of_peak"] =
           Ratio(d.flops / (d.graph_ms / 1e3) / 1e9, r.peak_gflops);
-      const Roofline roof = RooflineOf(r, d);
-      j["decode"].back()["memory_floor_ms"] = roof.memory_ms;
-      j["decode"].back()["roofline_ms"] = roof.roofline_ms;
-      j["decode"].back()["bound"] = roof.arithmetic_bound ? "arithmetic" : "memory";
-      j["decode"].back()["max_fraction_of_bandwidth"] = roof.max_fraction_of_bandwidth;
-      j["decode"].back()["fraction_of_roofline"] = roof.fraction_of_roofline;
+      if (const Roofline roof = RooflineOf(r, d); roof.roofline_ms > 0) {
+        j["decode"].back()["memory_floor_ms"] = roof.memory_ms;
+        j["decode"].back()["roofline_ms"] = roof.roofline_ms;
+        j["decode"].back()["bound"] = roof.arithmetic_bound ? "arithmetic" : "memory";
+        j["decode"].back()["max_fraction_of_bandwidth"] = roof.max_fraction_of_bandwidth;
+        j["decode"].back()["fraction_of_roofline"] = roof.fraction_of_roofline;
+      }
     }
     if (!d.profile_ms.empty()) {
       nlohmann::json ops = nlohmann::json::array();
@@ -247,10 +250,11 @@ void PrintBenchText(const BenchReport& r) {
         100.0 * Ratio(gbs * 1e9, d.bandwidth_bytes_per_second),
         100.0 * Ratio(gbs * 1e9, r.bandwidth.bytes_per_second),
         100.0 * Ratio(d.flops / (d.graph_ms / 1e3) / 1e9, r.peak_gflops));
-    if (roofline) {
-      const Roofline roof = RooflineOf(r, d);
+    if (const Roofline roof = RooflineOf(r, d); roofline && roof.roofline_ms > 0) {
       std::printf(" %7s %6.1f%% %7.1f%%", roof.arithmetic_bound ? "arith" : "memory",
                   100.0 * roof.max_fraction_of_bandwidth, 100.0 * roof.fraction_of_roofline);
+    } else if (roofline) {
+      std::printf(" %7s %7s %8s", "-", "-", "-");  // no bandwidth measured beside this batch
     }
     std::printf("\n");
   }

@@ -1,8 +1,8 @@
 #include "runtime/checkpoint/hf_layout.h"
 
 #include <algorithm>
+#include <map>
 
-#include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -13,17 +13,12 @@ namespace mlag {
 
 namespace {
 
-void Add(std::vector<TensorSpec>& t, std::string name, std::vector<int64_t> shape,
-         TensorRole role) {
-  t.push_back({std::move(name), std::move(shape), role});
-}
-
 // The tensors of decoder layer i (MoE or dense as the config's pattern says).
 void AddDecoderLayer(const ModelConfig& c, int i, std::vector<TensorSpec>& t) {
   const int64_t D = c.hidden_size, H = c.num_attention_heads;
   const int64_t R = c.kv_lora_rank, dr = c.qk_rope_head_dim, dq = c.qk_head_dim();
-  auto add = [&](std::string name, std::vector<int64_t> shape, TensorRole role) {
-    Add(t, std::move(name), std::move(shape), role);
+  auto add = [&t](std::string name, std::vector<int64_t> shape, TensorRole role) {
+    t.push_back({std::move(name), std::move(shape), role});
   };
   const std::string l = absl::StrCat("model.layers.", i, ".");
   const std::string a = l + "self_attn.";
@@ -67,15 +62,31 @@ void AddDecoderLayer(const ModelConfig& c, int i, std::vector<TensorSpec>& t) {
   }
 }
 
+// The tensor names of multi-token-prediction layer `layer`: a decoder layer
+// and the module around it (DeepSeek-V3's modeling: embed_tokens, enorm,
+// hnorm, eh_proj, shared_head).
+absl::flat_hash_set<std::string> MtpLayerTensors(const ModelConfig& c, int layer) {
+  std::vector<TensorSpec> specs;
+  AddDecoderLayer(c, layer, specs);
+  absl::flat_hash_set<std::string> names;
+  for (const TensorSpec& spec : specs) names.insert(spec.name);
+  const std::string l = absl::StrCat("model.layers.", layer, ".");
+  for (const char* own : {"embed_tokens.weight", "enorm.weight", "hnorm.weight", "eh_proj.weight",
+                          "shared_head.norm.weight", "shared_head.head.weight"}) {
+    names.insert(l + own);
+  }
+  return names;
+}
+
 }  // namespace
 
 std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
   const int64_t D = c.hidden_size, V = c.vocab_size;
   std::vector<TensorSpec> t;
-  Add(t, "model.embed_tokens.weight", {V, D}, TensorRole::kEmbedding);
+  t.push_back({"model.embed_tokens.weight", {V, D}, TensorRole::kEmbedding});
   for (int i = 0; i < c.num_hidden_layers; ++i) AddDecoderLayer(c, i, t);
-  Add(t, "model.norm.weight", {D}, TensorRole::kNorm);
-  if (!c.tie_word_embeddings) Add(t, "lm_head.weight", {V, D}, TensorRole::kLinear);
+  t.push_back({"model.norm.weight", {D}, TensorRole::kNorm});
+  if (!c.tie_word_embeddings) t.push_back({"lm_head.weight", {V, D}, TensorRole::kLinear});
   return t;
 }
 
@@ -96,31 +107,11 @@ int LayerIndexOf(const std::string& name) {
   return layer;
 }
 
-namespace {
-
-// The tensor names of multi-token-prediction layer `layer`: a decoder layer
-// and the module around it (DeepSeek-V3's modeling: embed_tokens, enorm,
-// hnorm, eh_proj, shared_head).
-absl::flat_hash_set<std::string> MtpLayerTensors(const ModelConfig& c, int layer) {
-  std::vector<TensorSpec> specs;
-  AddDecoderLayer(c, layer, specs);
-  absl::flat_hash_set<std::string> names;
-  for (const TensorSpec& spec : specs) names.insert(spec.name);
-  const std::string l = absl::StrCat("model.layers.", layer, ".");
-  for (const char* own : {"embed_tokens.weight", "enorm.weight", "hnorm.weight", "eh_proj.weight",
-                          "shared_head.norm.weight", "shared_head.head.weight"}) {
-    names.insert(l + own);
-  }
-  return names;
-}
-
-}  // namespace
-
 UnreadTensors SortUnreadTensors(const ModelConfig& config, const std::vector<std::string>& unread) {
   const int first_mtp = config.num_hidden_layers;
   const int end_mtp = first_mtp + config.num_nextn_predict_layers;
   // The unread tensors of each layer where an MTP layer may sit.
-  absl::btree_map<int, std::vector<const std::string*>> candidates;
+  std::map<int, std::vector<const std::string*>> candidates;
   for (const std::string& name : unread) {
     const int layer = LayerIndexOf(name);
     if (layer >= first_mtp && layer < end_mtp) candidates[layer].push_back(&name);

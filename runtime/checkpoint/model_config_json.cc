@@ -451,7 +451,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
       return f.Error("quantization_config", absl::StrCat("expected an object, got ", Describe(*q)));
     }
     Fields qf(*q, source, "quantization_config.");
-    std::string method = "fp8", fmt = "e4m3", activations = "dynamic";
+    std::string method, fmt = "e4m3", activations = "dynamic";
     if (!qf.Has("quant_method")) return qf.Error("quant_method", "missing (required)");
     MLAG_RETURN_IF_ERROR(qf.String("quant_method", &method));
     MLAG_RETURN_IF_ERROR(qf.String("fmt", &fmt));
@@ -656,7 +656,9 @@ json ModelConfigToJson(const ModelConfig& c) {
     j["rope_scaling"] = nullptr;
   }
   j["tie_word_embeddings"] = c.tie_word_embeddings;
-  if (v3) j["num_nextn_predict_layers"] = c.num_nextn_predict_layers;
+  if (v3 || c.num_nextn_predict_layers != 0) {
+    j["num_nextn_predict_layers"] = c.num_nextn_predict_layers;
+  }
   j["hidden_act"] = "silu";
   j["attention_bias"] = false;
   j["torch_dtype"] = "bfloat16";

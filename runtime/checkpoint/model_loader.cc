@@ -219,8 +219,9 @@ absl::StatusOr<ModelSource> OpenModel(const std::string& name_or_dir) {
   }
   MLAG_ASSIGN_OR_RETURN(source.config, LoadModelConfig(name_or_dir + "/config.json"));
   MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(name_or_dir));
-  // config.json and the tensors agree on fp8: `--weight-dtype auto` and
-  // `mlag info` go by the config, the arithmetic by each tensor's dtype.
+  // config.json and the tensors agree on fp8: `mlag info` and `mlag export
+  // --weight-dtype auto` go by the config, the arithmetic by each tensor's
+  // dtype.
   const std::string* fp8_tensor = nullptr;
   for (const std::string& name : checkpoint->names()) {
     if (checkpoint->Find(name)->dtype == DType::kF8E4M3) {
@@ -238,7 +239,8 @@ absl::StatusOr<ModelSource> OpenModel(const std::string& name_or_dir) {
     return absl::InvalidArgumentError(
         absl::StrCat(name_or_dir,
                      ": config.json's quantization_config declares fp8 weights, but no tensor "
-                     "is stored as F8_E4M3"));
+                     "is stored as F8_E4M3 (weights converted from fp8, e.g. by DeepSeek's "
+                     "fp8_cast_bf16.py, need quantization_config removed from config.json)"));
   }
   source.weights = std::make_unique<CheckpointWeights>(std::move(checkpoint), name_or_dir);
   source.description = name_or_dir;
@@ -294,6 +296,7 @@ absl::Status ExportModel(const ModelConfig& config, WeightSource& weights, const
   const bool fp8 = dtype == DType::kF8E4M3;
   ModelConfig out_config = config;
   out_config.fp8_block_quantized = fp8;
+  out_config.num_nextn_predict_layers = 0;  // no multi-token-prediction layer is written
   SafetensorsWriter writer;
   std::vector<float> f32;
   std::vector<uint8_t> stored;
