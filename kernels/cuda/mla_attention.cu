@@ -504,14 +504,16 @@ __global__ void __launch_bounds__(kPlanThreads)
   if (tid == 0) plan[num_seqs] = running;
 }
 
-// One block per (head, sequence): merges the items of a split sequence
-// (sequences with one item were written directly).
+// One block per (sequence, head): merges the items of a split sequence
+// (sequences with one item were written directly). Sequences run on grid x
+// (up to 2^31 - 1) and heads on y (at most 65535, and a model has <= 128):
+// the engine allows 65536 sequences, one more than gridDim.y holds.
 __global__ void __launch_bounds__(kCombineThreads)
     MlaDecodeCombineKernel(const int* __restrict__ plan, const float* __restrict__ part_out,
                            const float* __restrict__ part_lse, int heads, int rkv,
                            float* __restrict__ out, float* __restrict__ lse) {
-  const int h = static_cast<int>(blockIdx.x);
-  const int b = static_cast<int>(blockIdx.y);
+  const int b = static_cast<int>(blockIdx.x);
+  const int h = static_cast<int>(blockIdx.y);
   const int tid = static_cast<int>(threadIdx.x);
   const int first = plan[b];
   const int num_splits = plan[b + 1] - first;
@@ -726,7 +728,7 @@ cudaError_t LaunchMlaDecode(const MlaAttentionArgs& a, void* workspace, size_t w
   err = LaunchDecodeAttend(p, static_cast<unsigned>(num_items * p.head_groups), device, stream);
   if (err != cudaSuccess || extra == 0) return err;
   MLAG_LAUNCH(MlaDecodeCombineKernel,
-              dim3(static_cast<unsigned>(a.heads), static_cast<unsigned>(num_seqs)),
+              dim3(static_cast<unsigned>(num_seqs), static_cast<unsigned>(a.heads)),
               kCombineThreads, 0, stream)
   (p.plan, p.part_out, p.part_lse, static_cast<int>(a.heads), static_cast<int>(a.rkv), a.out_latent,
    a.lse);
