@@ -19,11 +19,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "runtime/core/stream.h"
 #include "runtime/core/tensor.h"
@@ -86,17 +88,32 @@ class Communicator {
   virtual absl::Status Send(Stream& stream, const Tensor& buffer, int peer) = 0;
   virtual absl::Status Recv(Stream& stream, const Tensor& buffer, int peer) = 0;
 
-  // Blocks until every rank has called it (host-side; no stream).
+  // Blocks until every rank has called it (host-side; no stream), waiting
+  // at most the communicator's timeout for the others.
   virtual absl::Status Barrier() = 0;
+  // The same with its own bound on the wait: for a rendezvous whose ranks
+  // arrive far apart, such as the end of model loading, which varies across
+  // ranks by much more than a step. A rank that waits longer gets a
+  // PeerTimeoutError.
+  virtual absl::Status Barrier(absl::Duration timeout) = 0;
 
   // Host-side all-reduce of one integer, for control decisions such as the
   // padded batch size of a step (no stream, no graph node).
   virtual absl::StatusOr<int64_t> AllReduceScalar(int64_t value, ReduceOp op) = 0;
 
   // OK unless the communicator failed asynchronously (nccl: an error
-  // reported by ncclCommGetAsyncError): polled by whoever waits on work
-  // that uses it (a stream watchdog), so a failed peer surfaces at once.
+  // reported by ncclCommGetAsyncError; local: the group was aborted):
+  // polled by whoever waits on work that uses it (a stream watchdog), so a
+  // failed peer surfaces at once.
   virtual absl::Status Health() { return absl::OkStatus(); }
+
+  // A function whose error also ends this communicator's host-side waits
+  // (and those of the groups split from it later), as a peer's failure:
+  // for a backend that a peer's abort cannot reach, the health of another
+  // channel that it does reach (an expert-parallel run's control group).
+  // Must outlive the communicator. The default ignores it: the local
+  // group's abort wakes its waits, and MPI's abort ends the process.
+  virtual void SetPeerHealth(std::function<absl::Status()> health) { (void)health; }
 
   // Makes the group's collectives fail with an Aborted error carrying
   // `reason`, on every rank: those waiting now and all later ones. For a

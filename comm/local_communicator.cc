@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "comm/check.h"
+#include "runtime/core/peer_fault.h"
 #include "runtime/core/status.h"
 
 namespace mlag {
@@ -102,7 +103,8 @@ struct Mailbox {
 // The state the ranks of one group share.
 class LocalGroup {
  public:
-  LocalGroup(int size, absl::Duration timeout) : size_(size), timeout_(timeout), slots_(size) {
+  LocalGroup(int size, absl::Duration timeout)
+      : size_(size), timeout_(timeout), slots_(size), present_(size, false), gave_up_(size, false) {
     mailboxes_.reserve(static_cast<size_t>(size) * size);
     for (int i = 0; i < size * size; ++i) mailboxes_.push_back(std::make_unique<Mailbox>());
   }
@@ -132,19 +134,28 @@ class LocalGroup {
   }
   Mailbox& mailbox(int src, int dst) { return *mailboxes_[static_cast<size_t>(src) * size_ + dst]; }
 
+  // The error of a send or recv of `rank` that waited `waited` for `peer`.
+  absl::Status PointToPointTimeout(int rank, const char* op, int peer,
+                                   absl::Duration waited) const {
+    return PeerTimeoutError(rank, size_, op, waited, {peer});
+  }
+
   // Runs one collective of the two-barrier protocol: post `mine`, wait for
   // every rank, check that all posted the same op, `read` the peers' posts,
   // wait again (no rank may reuse a buffer a peer still reads), `finish`.
+  // `timeout` bounds each barrier's wait (zero: the group's timeout).
   absl::Status Run(int rank, const Slot& mine,
                    absl::FunctionRef<void(const std::vector<Slot>&)> read,
-                   absl::FunctionRef<void()> finish) {
+                   absl::FunctionRef<void()> finish,
+                   absl::Duration timeout = absl::ZeroDuration()) {
     const char* name = OpName(mine.desc.op);
+    const absl::Duration bound = timeout > absl::ZeroDuration() ? timeout : timeout_;
     MLAG_RETURN_IF_ERROR(CheckUsable(rank, name));
     slots_[rank] = mine;
-    MLAG_RETURN_IF_ERROR(Arrive(rank, name, /*inside=*/false));
+    MLAG_RETURN_IF_ERROR(Arrive(rank, name, /*inside=*/false, bound));
     absl::Status agree = CheckAgree(name);
     if (agree.ok()) read(slots_);
-    MLAG_RETURN_IF_ERROR(Arrive(rank, name, /*inside=*/true));
+    MLAG_RETURN_IF_ERROR(Arrive(rank, name, /*inside=*/true, bound));
     if (!agree.ok()) return agree;
     finish();
     return absl::OkStatus();
@@ -163,7 +174,7 @@ class LocalGroup {
     mine.color = color;
     mine.key = key;
     slots_[rank] = mine;
-    MLAG_RETURN_IF_ERROR(Arrive(rank, name, /*inside=*/false));
+    MLAG_RETURN_IF_ERROR(Arrive(rank, name, /*inside=*/false, timeout_));
     absl::Status agree = CheckAgree(name);
     std::vector<int> members;  // old ranks of my color, in new-rank order
     if (agree.ok() && color >= 0) {
@@ -181,7 +192,7 @@ class LocalGroup {
     // All ranks agree on `agree`, so all take the same barriers. The
     // leader's reference to the new group is dropped on every way out.
     if (agree.ok()) {
-      absl::Status arrived = Arrive(rank, name, /*inside=*/true);
+      absl::Status arrived = Arrive(rank, name, /*inside=*/true, timeout_);
       if (!arrived.ok()) {
         slots_[rank].new_group.reset();
         return arrived;
@@ -194,7 +205,7 @@ class LocalGroup {
       new_rank =
           static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
     }
-    absl::Status arrived = Arrive(rank, name, /*inside=*/true);
+    absl::Status arrived = Arrive(rank, name, /*inside=*/true, timeout_);
     slots_[rank].new_group.reset();  // the leader's reference; peers hold their own now
     MLAG_RETURN_IF_ERROR(arrived);
     if (!agree.ok()) return agree;
@@ -211,27 +222,35 @@ class LocalGroup {
   absl::Status CheckUsable(int rank, const char* name) {
     absl::MutexLock lock(&mu_);
     MLAG_RETURN_IF_ERROR(AbortedLocked(rank, name));
-    if (!broken_) return absl::OkStatus();
-    return absl::FailedPreconditionError(absl::StrCat(
+    if (broken_.ok()) return absl::OkStatus();
+    // Aborted with the timeout's text: a consequence of the peer fault,
+    // never mistaken for a failure of this rank's own.
+    return absl::AbortedError(absl::StrCat(
         "local ", name, " (rank ", rank, " of ", size_,
-        "): the group is unusable after a rank timed out in the middle of a collective"));
+        "): the group is unusable after a rank timed out in the middle of a collective: ",
+        broken_.message()));
   }
 
   // The reusable barrier. A rank that times out withdraws its arrival
   // (under the lock, so either the barrier completed or it did not). At the
   // entry barrier that leaves the group usable; at a later barrier (`inside`
   // a collective) a peer is stuck mid-collective, so the group is marked
-  // unusable.
-  absl::Status Arrive(int rank, const char* name, bool inside) {
+  // unusable. A rank waits at most `timeout`.
+  absl::Status Arrive(int rank, const char* name, bool inside, absl::Duration timeout) {
     absl::MutexLock lock(&mu_);
     const uint64_t generation = generation_;
     if (++arrived_ == size_) {
       arrived_ = 0;
+      std::fill(present_.begin(), present_.end(), false);
+      std::fill(gave_up_.begin(), gave_up_.end(), false);
       ++generation_;
       cv_.SignalAll();
       return absl::OkStatus();
     }
-    const absl::Time deadline = absl::Now() + timeout_;
+    present_[rank] = true;
+    gave_up_[rank] = false;
+    const absl::Time start = absl::Now();
+    const absl::Time deadline = start + timeout;
     while (generation_ == generation) {
       // An abort ends the wait at the entry barrier only. Past it, every
       // rank is between barriers, which never blocks, so the exit barrier
@@ -239,17 +258,28 @@ class LocalGroup {
       // peer is still reading.
       if (!inside && !abort_reason_.ok()) {
         --arrived_;
+        present_[rank] = false;
         return AbortedLocked(rank, name);
       }
       if (cv_.WaitWithDeadline(&mu_, deadline) && generation_ == generation &&
           (inside || abort_reason_.ok())) {
-        const int waiting_for = size_ - arrived_;
+        // This rank waited for those that never arrived or, when every
+        // rank did, for those that arrived and gave up before it.
+        std::vector<int> peers;
+        for (int r = 0; r < size_; ++r) {
+          if (!present_[r]) peers.push_back(r);
+        }
+        if (peers.empty()) {
+          for (int r = 0; r < size_; ++r) {
+            if (gave_up_[r]) peers.push_back(r);
+          }
+        }
         --arrived_;
-        if (inside) broken_ = true;
-        return absl::DeadlineExceededError(
-            absl::StrCat("local ", name, " (rank ", rank, " of ", size_, "): waited ",
-                         absl::FormatDuration(timeout_), " for ", waiting_for,
-                         " rank(s) to reach the collective (mismatched or missing collective?)"));
+        gave_up_[rank] = true;
+        absl::Status timed_out =
+            PeerTimeoutError(rank, size_, absl::StrCat("local ", name), absl::Now() - start, peers);
+        if (inside) broken_ = timed_out;
+        return timed_out;
       }
     }
     return absl::OkStatus();
@@ -275,9 +305,15 @@ class LocalGroup {
 
   absl::Mutex mu_;
   absl::CondVar cv_;
-  int arrived_ = 0;                                 // guarded by mu_
-  uint64_t generation_ = 0;                         // guarded by mu_
-  bool broken_ = false;                             // guarded by mu_
+  int arrived_ = 0;  // guarded by mu_
+  // guarded by mu_: the ranks that reached the barrier of this generation
+  // (waiting, or gone after a timeout), and of those the ones gone.
+  std::vector<bool> present_;
+  std::vector<bool> gave_up_;
+  uint64_t generation_ = 0;  // guarded by mu_
+  // guarded by mu_: OK, or the timeout that left a peer stuck between the
+  // barriers of a collective (the group is unusable from then on).
+  absl::Status broken_;
   absl::Status abort_reason_ ABSL_GUARDED_BY(mu_);  // not ok once aborted
 };
 
@@ -508,7 +544,8 @@ absl::Status LocalCommunicator::Send(Stream& stream, const Tensor& buffer, int p
       ci::kSendName, OpKind::kComm, [group = group_, rank = rank_, buffer, peer]() -> absl::Status {
         Mailbox& box = group->mailbox(rank, peer);
         absl::MutexLock lock(&box.mu);
-        const absl::Time deadline = absl::Now() + group->timeout();
+        const absl::Time start = absl::Now();
+        const absl::Time deadline = start + group->timeout();
         box.posted = true;
         box.taken = false;
         box.data = buffer.data();
@@ -522,9 +559,7 @@ absl::Status LocalCommunicator::Send(Stream& stream, const Tensor& buffer, int p
           }
           if (box.cv.WaitWithDeadline(&box.mu, deadline) && !box.taken) {
             box.posted = false;  // withdraw: the buffer is the caller's again
-            return absl::DeadlineExceededError(
-                absl::StrCat("local send (rank ", rank, " to rank ", peer, "): waited ",
-                             absl::FormatDuration(group->timeout()), " for the matching recv"));
+            return group->PointToPointTimeout(rank, "local send", peer, absl::Now() - start);
           }
         }
         box.posted = false;
@@ -545,13 +580,12 @@ absl::Status LocalCommunicator::Recv(Stream& stream, const Tensor& buffer, int p
       ci::kRecvName, OpKind::kComm, [group = group_, rank = rank_, buffer, peer]() -> absl::Status {
         Mailbox& box = group->mailbox(peer, rank);
         absl::MutexLock lock(&box.mu);
-        const absl::Time deadline = absl::Now() + group->timeout();
+        const absl::Time start = absl::Now();
+        const absl::Time deadline = start + group->timeout();
         while (!box.posted || box.taken) {
           MLAG_RETURN_IF_ERROR(group->Aborted(rank, "recv"));
           if (box.cv.WaitWithDeadline(&box.mu, deadline) && (!box.posted || box.taken)) {
-            return absl::DeadlineExceededError(
-                absl::StrCat("local recv (rank ", rank, " from rank ", peer, "): waited ",
-                             absl::FormatDuration(group->timeout()), " for the matching send"));
+            return group->PointToPointTimeout(rank, "local recv", peer, absl::Now() - start);
           }
         }
         if (box.bytes != buffer.nbytes()) {
@@ -568,11 +602,13 @@ absl::Status LocalCommunicator::Recv(Stream& stream, const Tensor& buffer, int p
       });
 }
 
-absl::Status LocalCommunicator::Barrier() {
+absl::Status LocalCommunicator::Barrier() { return Barrier(group_->timeout()); }
+
+absl::Status LocalCommunicator::Barrier(absl::Duration timeout) {
   Slot mine;
   mine.desc.op = Op::kBarrier;
   return group_->Run(
-      rank_, mine, [](const std::vector<Slot>&) {}, [] {});
+      rank_, mine, [](const std::vector<Slot>&) {}, [] {}, timeout);
 }
 
 absl::StatusOr<int64_t> LocalCommunicator::AllReduceScalar(int64_t value, ReduceOp op) {
@@ -601,5 +637,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> LocalCommunicator::Split(int color
 }
 
 void LocalCommunicator::Abort(const absl::Status& reason) { group_->Abort(reason); }
+
+absl::Status LocalCommunicator::Health() { return group_->Aborted(rank_, "group"); }
 
 }  // namespace mlag

@@ -13,8 +13,9 @@
 // ReduceScatter give bit-identical results on all ranks, whatever the thread
 // timing. Ranks that launch different collectives (or different sizes) get
 // InvalidArgument on every rank; a rank that waits longer than the group's
-// timeout for its peers gets DeadlineExceeded naming the collective, instead
-// of hanging. Abort wakes every waiting rank of the group at once with an
+// timeout for its peers gets a PeerTimeoutError (runtime/core/peer_fault.h)
+// naming the collective and the ranks that did not arrive, instead of
+// hanging. Abort wakes every waiting rank of the group at once with an
 // Aborted error, and fails every later collective the same way.
 //
 // Send/Recv are a rendezvous: Send returns once the peer's Recv has copied
@@ -69,9 +70,14 @@ class LocalCommunicator final : public Communicator {
   absl::Status Send(Stream& stream, const Tensor& buffer, int peer) override;
   absl::Status Recv(Stream& stream, const Tensor& buffer, int peer) override;
   absl::Status Barrier() override;
+  absl::Status Barrier(absl::Duration timeout) override;
   absl::StatusOr<int64_t> AllReduceScalar(int64_t value, ReduceOp op) override;
   absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override;
   void Abort(const absl::Status& reason) override;
+  // The Aborted error carrying the abort's reason once any rank aborted the
+  // group, so a rank waiting elsewhere (a stream watchdog over NCCL) learns
+  // of a peer's failure at once.
+  absl::Status Health() override;
 
  private:
   LocalCommunicator(std::shared_ptr<local_internal::LocalGroup> group, int rank);

@@ -22,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "comm/check.h"
+#include "runtime/core/peer_fault.h"
 #include "runtime/core/poll.h"
 #include "runtime/core/status.h"
 
@@ -44,12 +45,13 @@ absl::Status MpiStatus(int code, const char* call) {
 
 // Waits for a nonblocking MPI operation for at most `timeout` (PollUntil):
 // every blocking call of this backend is a nonblocking one and this wait,
-// so a dead or hung peer becomes DeadlineExceeded naming the operation
+// so a dead or hung peer becomes a PeerTimeoutError naming the rank, the
+// operation and, for point-to-point operations, the peer (`peer` >= 0)
 // instead of a hang. The operation stays pending after a timeout: the
 // communicator is then unusable (abort it), and the buffers the operation
 // uses must outlive it (they belong to the caller or the Handle).
 absl::Status WaitFor(MPI_Request* request, MPI_Status* status, absl::string_view op, int rank,
-                     absl::Duration timeout) {
+                     int size, int peer, absl::Duration timeout) {
   return PollUntil(
       timeout,
       [&]() -> absl::StatusOr<bool> {
@@ -57,10 +59,9 @@ absl::Status WaitFor(MPI_Request* request, MPI_Status* status, absl::string_view
         MLAG_MPI_CALL(MPI_Test, request, &done, status);
         return done != 0;
       },
-      [&] {
-        return absl::DeadlineExceededError(
-            absl::StrCat("mpi rank ", rank, ": ", op, " did not complete within ",
-                         absl::FormatDuration(timeout), ": a peer is dead or hung"));
+      [&](absl::Duration waited) {
+        return PeerTimeoutError(rank, size, absl::StrCat("mpi ", op), waited,
+                                peer >= 0 ? std::vector<int>{peer} : std::vector<int>{});
       });
 }
 
@@ -118,17 +119,22 @@ absl::Status CheckCount(absl::string_view op, size_t count) {
 struct MpiCommunicator::Handle {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0;
+  int size = 0;
   absl::Duration timeout = absl::Seconds(60);
   // Buffers of operations that timed out: MPI may still write them until
   // the job is aborted, so they live as long as the communicator.
   std::vector<std::shared_ptr<void>> abandoned;
   // Waits for `request` of operation `op` within the timeout. On a timeout
   // `buffers` (what the operation reads or writes that this communicator
-  // owns) is kept in `abandoned`.
+  // owns) is kept in `abandoned`. `peer`: the other rank of a send or a
+  // recv (-1 for a collective). `bound`: the wait's own limit (zero: the
+  // communicator's timeout).
   absl::Status Wait(MPI_Request* request, absl::string_view op, MPI_Status* status = nullptr,
-                    std::shared_ptr<void> buffers = nullptr) {
+                    std::shared_ptr<void> buffers = nullptr, int peer = -1,
+                    absl::Duration bound = absl::ZeroDuration()) {
     MPI_Status ignored;
-    absl::Status done = WaitFor(request, status != nullptr ? status : &ignored, op, rank, timeout);
+    absl::Status done = WaitFor(request, status != nullptr ? status : &ignored, op, rank, size,
+                                peer, bound > absl::ZeroDuration() ? bound : timeout);
     if (!done.ok() && buffers != nullptr) abandoned.push_back(std::move(buffers));
     return done;
   }
@@ -172,6 +178,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::World(absl::Durat
   MLAG_MPI_CALL(MPI_Comm_rank, handle->comm, &rank);
   MLAG_MPI_CALL(MPI_Comm_size, handle->comm, &size);
   handle->rank = rank;
+  handle->size = size;
   handle->timeout = timeout;
   return std::unique_ptr<Communicator>(new MpiCommunicator(std::move(handle), rank, size));
 }
@@ -280,7 +287,7 @@ absl::Status MpiCommunicator::Send(Stream& stream, const Tensor& buffer, int pee
         MPI_Request request;
         MLAG_MPI_CALL(MPI_Isend, buffer.data(), static_cast<int>(buffer.nbytes()), MPI_BYTE, peer,
                       kPointToPointTag, handle->comm, &request);
-        return handle->Wait(&request, ci::kSendName);
+        return handle->Wait(&request, ci::kSendName, nullptr, nullptr, peer);
       });
 }
 
@@ -294,7 +301,7 @@ absl::Status MpiCommunicator::Recv(Stream& stream, const Tensor& buffer, int pee
         MPI_Request request;
         MLAG_MPI_CALL(MPI_Irecv, buffer.data(), static_cast<int>(buffer.nbytes()), MPI_BYTE, peer,
                       kPointToPointTag, handle->comm, &request);
-        MLAG_RETURN_IF_ERROR(handle->Wait(&request, ci::kRecvName, &status));
+        MLAG_RETURN_IF_ERROR(handle->Wait(&request, ci::kRecvName, &status, nullptr, peer));
         int received = 0;
         MLAG_MPI_CALL(MPI_Get_count, &status, MPI_BYTE, &received);
         if (static_cast<size_t>(received) != buffer.nbytes()) {
@@ -306,10 +313,12 @@ absl::Status MpiCommunicator::Recv(Stream& stream, const Tensor& buffer, int pee
       });
 }
 
-absl::Status MpiCommunicator::Barrier() {
+absl::Status MpiCommunicator::Barrier() { return Barrier(handle_->timeout); }
+
+absl::Status MpiCommunicator::Barrier(absl::Duration timeout) {
   MPI_Request request;
   MLAG_MPI_CALL(MPI_Ibarrier, handle_->comm, &request);
-  return handle_->Wait(&request, "barrier");
+  return handle_->Wait(&request, "barrier", nullptr, nullptr, -1, timeout);
 }
 
 absl::StatusOr<int64_t> MpiCommunicator::AllReduceScalar(int64_t value, ReduceOp op) {
@@ -342,6 +351,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Split(int color, 
   MLAG_MPI_CALL(MPI_Comm_rank, handle->comm, &rank);
   MLAG_MPI_CALL(MPI_Comm_size, handle->comm, &size);
   handle->rank = rank;
+  handle->size = size;
   handle->timeout = handle_->timeout;
   return std::unique_ptr<Communicator>(new MpiCommunicator(std::move(handle), rank, size));
 }

@@ -62,6 +62,7 @@ class MpiCommunicator final : public Communicator {
   absl::Status Send(Stream& stream, const Tensor& buffer, int peer) override;
   absl::Status Recv(Stream& stream, const Tensor& buffer, int peer) override;
   absl::Status Barrier() override;
+  absl::Status Barrier(absl::Duration timeout) override;
   absl::StatusOr<int64_t> AllReduceScalar(int64_t value, ReduceOp op) override;
   absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override;
   void Abort(const absl::Status& reason) override;

@@ -11,6 +11,7 @@
 #include "comm/check.h"
 #include "runtime/core/cuda_status.h"
 #include "runtime/core/device.h"
+#include "runtime/core/peer_fault.h"
 #include "runtime/core/poll.h"
 #include "runtime/core/status.h"
 
@@ -93,8 +94,9 @@ struct NcclCommunicator::Handle {
   absl::Status aborted;       // what every call returns after Abort
   int device = -1;
   absl::Duration timeout = absl::Seconds(60);
-  cudaStream_t stream = nullptr;  // Barrier / AllReduceScalar
-  int64_t* scalar = nullptr;      // one device element for them
+  std::function<absl::Status()> peer_health;  // SetPeerHealth; inherited by splits
+  cudaStream_t stream = nullptr;              // Barrier / AllReduceScalar
+  int64_t* scalar = nullptr;                  // one device element for them
 
   ~Handle() {
     // Destructors never fail: errors here surface on the next checked call.
@@ -311,31 +313,32 @@ absl::Status NcclCommunicator::Recv(Stream& stream, const Tensor& buffer, int pe
   });
 }
 
-absl::Status NcclCommunicator::WaitInternal(absl::string_view op) {
+absl::Status NcclCommunicator::WaitInternal(absl::string_view op, absl::Duration timeout) {
   return PollUntil(
-      handle_->timeout,
+      timeout,
       [&]() -> absl::StatusOr<bool> {
         const cudaError_t e = cudaStreamQuery(handle_->stream);
         if (e == cudaSuccess) return true;
         if (e != cudaErrorNotReady) return CudaStatus(e, "cudaStreamQuery", MLAG_WHERE_);
         MLAG_RETURN_IF_ERROR(Health());
+        if (handle_->peer_health) MLAG_RETURN_IF_ERROR(handle_->peer_health());
         return false;
       },
-      [&] {
-        return absl::DeadlineExceededError(
-            absl::StrCat("nccl rank ", rank_, " of ", size_, ": ", op, " did not complete within ",
-                         absl::FormatDuration(handle_->timeout), ": a peer is dead or hung"));
+      [&](absl::Duration waited) {
+        return PeerTimeoutError(rank_, size_, absl::StrCat("nccl ", op), waited);
       });
 }
 
-absl::Status NcclCommunicator::Barrier() {
+absl::Status NcclCommunicator::Barrier() { return Barrier(handle_->timeout); }
+
+absl::Status NcclCommunicator::Barrier(absl::Duration timeout) {
   MLAG_RETURN_IF_ERROR(handle_->aborted);
   // A one-element all-reduce every rank must join, then wait for it.
   ScopedDevice scoped;
   MLAG_RETURN_IF_ERROR(scoped.Enter(handle_->device));
   MLAG_NCCL_CALL(ncclAllReduce, handle_->scalar, handle_->scalar, 1, ncclInt64, ncclSum,
                  handle_->comm, handle_->stream);
-  return WaitInternal("barrier");
+  return WaitInternal("barrier", timeout);
 }
 
 absl::StatusOr<int64_t> NcclCommunicator::AllReduceScalar(int64_t value, ReduceOp op) {
@@ -349,7 +352,7 @@ absl::StatusOr<int64_t> NcclCommunicator::AllReduceScalar(int64_t value, ReduceO
                                             cudaMemcpyHostToDevice, handle_->stream));
   MLAG_NCCL_CALL(ncclAllReduce, handle_->scalar, handle_->scalar, 1, ncclInt64, NcclOp(op),
                  handle_->comm, handle_->stream);
-  MLAG_RETURN_IF_ERROR(WaitInternal("all_reduce_scalar"));
+  MLAG_RETURN_IF_ERROR(WaitInternal("all_reduce_scalar", handle_->timeout));
   int64_t result = 0;
   MLAG_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&result, handle_->scalar, sizeof(result),
                                             cudaMemcpyDeviceToHost, handle_->stream));
@@ -388,7 +391,14 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Split(int color,
   MLAG_NCCL_CALL(ncclCommSplit, handle_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &comm,
                  nullptr);
   if (comm == nullptr) return std::unique_ptr<Communicator>();
-  return Wrap(comm, handle_->device, handle_->timeout);
+  MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> split,
+                        Wrap(comm, handle_->device, handle_->timeout));
+  split->SetPeerHealth(handle_->peer_health);
+  return split;
+}
+
+void NcclCommunicator::SetPeerHealth(std::function<absl::Status()> health) {
+  handle_->peer_health = std::move(health);
 }
 
 }  // namespace mlag

@@ -18,8 +18,9 @@
 // capture they become nodes of the CUDA graph. A graph captured with a
 // communicator must not be replayed after the communicator is destroyed.
 // Barrier and AllReduceScalar run a one-element all-reduce on an internal
-// stream and wait for it, at most the communicator's timeout, polling
-// ncclCommGetAsyncError: a dead or hung peer gives DeadlineExceeded.
+// stream and wait for it, at most the communicator's timeout (Barrier(T):
+// T), polling ncclCommGetAsyncError and the peer-health hook
+// (SetPeerHealth): a dead or hung peer gives a PeerTimeoutError.
 // Split uses ncclCommSplit. Every NCCL and CUDA call is
 // checked: a failure returns a Status naming the call and ncclGetErrorString's
 // text (InvalidArgument for NCCL's invalid argument / usage, else Internal).
@@ -89,10 +90,12 @@ class NcclCommunicator final : public Communicator {
   absl::Status Send(Stream& stream, const Tensor& buffer, int peer) override;
   absl::Status Recv(Stream& stream, const Tensor& buffer, int peer) override;
   absl::Status Barrier() override;
+  absl::Status Barrier(absl::Duration timeout) override;
   absl::StatusOr<int64_t> AllReduceScalar(int64_t value, ReduceOp op) override;
   absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override;
   // An error once ncclCommGetAsyncError reports one (or after Abort).
   absl::Status Health() override;
+  void SetPeerHealth(std::function<absl::Status()> health) override;
   void Abort(const absl::Status& reason) override;
 
  private:
@@ -103,9 +106,9 @@ class NcclCommunicator final : public Communicator {
   // communicator around it on `device`.
   static absl::StatusOr<std::unique_ptr<Communicator>> Wrap(ncclComm_t comm, int device,
                                                             absl::Duration timeout);
-  // Waits for the handle's internal stream within the timeout, polling the
-  // communicator's asynchronous error.
-  absl::Status WaitInternal(absl::string_view op);
+  // Waits for the handle's internal stream for at most `timeout`, polling
+  // the communicator's asynchronous error.
+  absl::Status WaitInternal(absl::string_view op, absl::Duration timeout);
   // Checks that `stream` is a CUDA stream on this communicator's device.
   absl::Status CheckStream(absl::string_view op, const Stream& stream) const;
 

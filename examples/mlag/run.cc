@@ -56,6 +56,7 @@ struct RunFlags {
   std::string ep_backend = "local";
   std::vector<std::string> reconfigure_at;
   double ep_timeout_seconds = 60.0;
+  double ep_startup_timeout_seconds = 600.0;
   std::vector<std::string> ep_faults;  // testing aid: fail:RANK:STEP or hang:RANK:STEP:SECONDS
 };
 
@@ -199,6 +200,7 @@ absl::Status RunExpertParallelRanks(const RunFlags& f, const EngineOptions& opti
   EpOptions ep;
   ep.world = f.ep;
   ep.peer_timeout = absl::Seconds(f.ep_timeout_seconds);
+  ep.startup_timeout = absl::Seconds(f.ep_startup_timeout_seconds);
   for (const std::string& text : f.reconfigure_at) {
     MLAG_ASSIGN_OR_RETURN(ReconfigureAt r, ParseReconfigureAt(text));
     if (r.size > f.ep) {
@@ -234,7 +236,8 @@ int Run(const RunFlags& f) {
   }
   // Flags that would have no effect are errors, not silently ignored.
   if (f.ep == 0) {
-    for (const char* flag : {"--ep-backend", "--reconfigure-at", "--ep-timeout", "--ep-fault"}) {
+    for (const char* flag : {"--ep-backend", "--reconfigure-at", "--ep-timeout",
+                             "--ep-startup-timeout", "--ep-fault"}) {
       if (f.given(flag)) {
         return Fail(absl::InvalidArgumentError(absl::StrCat(flag, " needs --ep N")));
       }
@@ -406,6 +409,9 @@ Command AddRunCommand(CLI::App& app) {
                   "STEP:SIZE: reconfigure the expert-parallel group before STEP (repeatable)");
   run->add_option("--ep-timeout", f->ep_timeout_seconds,
                   "seconds a rank waits for its peers before it calls one dead or hung")
+      ->check(CLI::Range(0.001, 86400.0));
+  run->add_option("--ep-startup-timeout", f->ep_startup_timeout_seconds,
+                  "seconds a rank that has loaded its model waits for the others to load theirs")
       ->check(CLI::Range(0.001, 86400.0));
   run->add_option("--ep-fault", f->ep_faults,
                   "testing aid: fail:RANK:STEP or hang:RANK:STEP:SECONDS (repeatable)");

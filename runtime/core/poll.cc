@@ -8,7 +8,7 @@
 namespace mlag {
 
 absl::Status PollUntil(absl::Duration timeout, absl::FunctionRef<absl::StatusOr<bool>()> poll,
-                       absl::FunctionRef<absl::Status()> timed_out) {
+                       absl::FunctionRef<absl::Status(absl::Duration waited)> timed_out) {
   const absl::Time start = absl::Now();
   const absl::Time spin_until = start + absl::Microseconds(50);
   const absl::Time deadline = start + timeout;
@@ -18,7 +18,7 @@ absl::Status PollUntil(absl::Duration timeout, absl::FunctionRef<absl::StatusOr<
     if (!done.ok()) return done.status();
     if (*done) return absl::OkStatus();
     const absl::Time now = absl::Now();
-    if (now > deadline) return timed_out();
+    if (now > deadline) return timed_out(now - start);
     if (now < spin_until) {
       std::this_thread::yield();
     } else {

@@ -411,19 +411,23 @@ absl::Status Stream::Synchronize() {
           if (watchdog_health_) MLAG_RETURN_IF_ERROR(watchdog_health_());
           return false;
         },
-        [&] {
+        [&](absl::Duration waited) {
+          if (watchdog_timed_out_) return watchdog_timed_out_(waited);
           return absl::DeadlineExceededError(absl::StrCat(
               "the stream's work did not finish within ", absl::FormatDuration(watchdog_timeout_),
-              ": a collective waits for a peer that is dead or hung"));
+              " (waited ", absl::FormatDuration(waited), ")"));
         });
   }
 #endif
   return absl::OkStatus();
 }
 
-void Stream::SetWatchdog(absl::Duration timeout, std::function<absl::Status()> health) {
+void Stream::SetWatchdog(absl::Duration timeout, std::function<absl::Status()> health,
+                         std::function<absl::Status(absl::Duration waited)> timed_out) {
   watchdog_timeout_ = timeout;
-  watchdog_health_ = timeout == absl::ZeroDuration() ? nullptr : std::move(health);
+  const bool on = timeout != absl::ZeroDuration();
+  watchdog_health_ = on ? std::move(health) : nullptr;
+  watchdog_timed_out_ = on ? std::move(timed_out) : nullptr;
 }
 
 absl::Status Stream::RefuseDuringCapture(absl::string_view what) const {

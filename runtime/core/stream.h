@@ -118,12 +118,16 @@ class Stream {
   // its health function while waiting (see SetWatchdog).
   absl::Status Synchronize();
 
-  // Makes Synchronize give up after `timeout` with DeadlineExceeded, and
-  // fail as soon as `health` returns an error (polled while waiting): for
-  // streams whose work waits on other ranks (collectives), so a dead or hung
-  // peer surfaces as an error instead of a hang. `health` may be empty.
-  // A zero timeout removes the watchdog.
-  void SetWatchdog(absl::Duration timeout, std::function<absl::Status()> health);
+  // Makes Synchronize give up after `timeout` with the error
+  // `timed_out(waited)` returns (empty: a plain DeadlineExceeded), and fail
+  // as soon as `health` returns an error (polled while waiting): for streams
+  // whose work waits on other ranks (collectives), so a dead or hung peer
+  // surfaces as an error instead of a hang. The engine passes a
+  // PeerTimeoutError (runtime/core/peer_fault.h), so the watchdog reports a
+  // peer fault as the communicators do. `health` may be empty. A zero
+  // timeout removes the watchdog.
+  void SetWatchdog(absl::Duration timeout, std::function<absl::Status()> health,
+                   std::function<absl::Status(absl::Duration waited)> timed_out = nullptr);
 
   // Stream-ordered copies and fills outside any graph (refused during a
   // capture): run now on the host; enqueued on CUDA (cudaMemcpyAsync /
@@ -165,6 +169,7 @@ class Stream {
   bool capturing_ = false;
   absl::Duration watchdog_timeout_ = absl::ZeroDuration();
   std::function<absl::Status()> watchdog_health_;
+  std::function<absl::Status(absl::Duration)> watchdog_timed_out_;
   std::vector<std::pair<const void*, std::shared_ptr<void>>> attachments_;
   uint64_t launches_ = 0;
   HostOpProfile* host_profile_ = nullptr;

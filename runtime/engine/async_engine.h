@@ -115,9 +115,10 @@ class AsyncEngine {
   // One engine and the thread that steps it.
   struct Rank {
     std::unique_ptr<Engine> own_engine;  // without expert parallelism
-    std::unique_ptr<EpRank> ep;          // with it (owns the engine)
-    Engine* engine = nullptr;
+    // Declared before `ep`, which uses it until destroyed.
     std::unique_ptr<Communicator> world;
+    std::unique_ptr<EpRank> ep;  // with it (owns the engine)
+    Engine* engine = nullptr;
     std::deque<Submission> queue;                     // guarded by AsyncEngine::mu_
     std::map<RequestId, std::unique_ptr<Live>> live;  // its thread only
     std::thread thread;

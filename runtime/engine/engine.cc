@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "runtime/core/peer_fault.h"
 #include "runtime/core/status.h"
 #include "runtime/engine/model_tokenizer.h"
 
@@ -90,13 +91,37 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   MLAG_ASSIGN_OR_RETURN(e->runner_, ModelRunner::Create(source, e->device_.get(), rc));
   if (options.ep_peer_timeout > absl::ZeroDuration()) {
     Engine* engine = e.get();
-    e->runner_->stream().SetWatchdog(options.ep_peer_timeout, [engine]() -> absl::Status {
-      Communicator* group = engine->options_.ep_group;
-      return group != nullptr ? group->Health() : absl::OkStatus();
-    });
+    e->runner_->stream().SetWatchdog(
+        options.ep_peer_timeout,
+        [engine]() -> absl::Status {
+          const EngineOptions& o = engine->options_;
+          if (o.ep_control != nullptr) MLAG_RETURN_IF_ERROR(o.ep_control->Health());
+          return o.ep_group != nullptr ? o.ep_group->Health() : absl::OkStatus();
+        },
+        [engine](absl::Duration waited) {
+          // The device work cannot say which peer it waits for.
+          const Communicator* group = engine->options_.ep_group;
+          return PeerTimeoutError(group != nullptr ? group->rank() : -1,
+                                  group != nullptr ? group->size() : 0,
+                                  "the step's collectives (stream watchdog)", waited);
+        });
   }
   MLAG_RETURN_IF_ERROR(e->runner_->SetExpertGroup(options.ep_group));
-  MLAG_RETURN_IF_ERROR(e->runner_->CaptureGraphs());
+  if (options.ep_group != nullptr) {
+    // Every rank has loaded its model before any waits in a collective with
+    // the (shorter) peer timeout.
+    Communicator* rendezvous =
+        options.ep_control != nullptr ? options.ep_control : options.ep_group;
+    const absl::Duration bound = options.ep_startup_timeout > absl::ZeroDuration()
+                                     ? options.ep_startup_timeout
+                                     : options.ep_peer_timeout;
+    MLAG_RETURN_IF_ERROR(
+        AtStep(bound > absl::ZeroDuration() ? rendezvous->Barrier(bound) : rendezvous->Barrier(),
+               "start-up (the ranks loading their models)"));
+  }
+  absl::Status captured = e->runner_->CaptureGraphs();
+  if (IsPeerTimeout(captured)) captured = AtStep(captured, "start-up (graph capture)");
+  MLAG_RETURN_IF_ERROR(captured);
   e->kv_ =
       std::make_unique<KvCacheManager>(rc.num_blocks, rc.block_size, options.enable_prefix_caching);
   SchedulerConfig sc;

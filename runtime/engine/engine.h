@@ -64,10 +64,22 @@ struct EngineOptions {
   Communicator* ep_group = nullptr;
   int max_ep_ranks = 1;
   // With a group: how long a wait on the stream (whose collectives wait for
-  // every peer) may take before it fails, from the first capture on; it
-  // also fails at once when the group's communicator reports an error
+  // every peer) may take before it fails with a PeerTimeoutError
+  // (runtime/core/peer_fault.h), from the first capture on; it also fails
+  // at once when the group's or the control communicator reports an error
   // (Communicator::Health). Zero: waits are unbounded.
   absl::Duration ep_peer_timeout = absl::ZeroDuration();
+  // With a group: the communicator of the run's control plane (nullptr:
+  // none). A failed peer aborts it, so polling its health tells the others
+  // at once, even while their device work waits in a collective that only
+  // a timeout would end (an NCCL kernel). It also carries the start-up
+  // rendezvous.
+  Communicator* ep_control = nullptr;
+  // With a group: how long Create waits, once this rank's model is loaded,
+  // for every other rank to load its own before the first capture. Model
+  // loading varies across ranks by far more than a step does, so it has its
+  // own bound. Zero: the peer timeout.
+  absl::Duration ep_startup_timeout = absl::ZeroDuration();
 };
 
 struct StepOutput {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -15,6 +16,7 @@
 #include "comm/local_communicator.h"
 #include "kernels/host/thread_pool.h"
 #include "mlag_config.h"
+#include "runtime/core/peer_fault.h"
 #include "runtime/core/status.h"
 #if MLAG_HAVE_MPI
 #include "comm/mpi_communicator.h"
@@ -27,6 +29,12 @@ namespace mlag {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// `status` with ", at <where>" when it is a peer timeout (which names the
+// rank and the peer, but not the step), else unchanged.
+absl::Status AtPeerFault(const absl::Status& status, absl::string_view where) {
+  return IsPeerTimeout(status) ? AtStep(status, where) : status;
+}
 
 double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -227,20 +235,28 @@ absl::StatusOr<std::unique_ptr<EpRank>> EpRank::Create(Communicator* world,
   rank->world_ = world;
   rank->control_ = control;
   rank->ep_ = ep;
-  MLAG_ASSIGN_OR_RETURN(rank->host_device_, Device::Create("host"));
-  MLAG_ASSIGN_OR_RETURN(rank->host_stream_, Stream::Create(rank->host_device_.get()));
-  MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> group, world->Split(0, world->rank()));
-  MLAG_RETURN_IF_ERROR(rank->group_.Replace(std::move(group)));
-  rank->active_ = world->size();
-  // From here a failure on this rank (a model that does not load, an
-  // allocation) would leave the peers waiting in the engine's first
-  // collectives: abort the groups so they fail with it.
-  absl::Status built = rank->BuildEngine(options);
-  if (!built.ok()) {
-    rank->AbortGroups(built);
-    return built;
+  // A peer's abort cannot reach an NCCL communicator's host waits; its
+  // control group's can (a local group; MPI's abort ends the process).
+  if (control != world) world->SetPeerHealth([control] { return control->Health(); });
+  // A failure on this rank (a model that does not load, an allocation)
+  // would leave the peers waiting at the start-up rendezvous or in the
+  // engine's first collectives: abort the groups so they fail with it.
+  absl::Status started = rank->Start(options);
+  if (!started.ok()) {
+    started = rank->PreferPeerReport(std::move(started));
+    rank->AbortGroups(started);
+    return started;
   }
   return rank;
+}
+
+absl::Status EpRank::Start(const EngineOptions& options) {
+  MLAG_ASSIGN_OR_RETURN(host_device_, Device::Create("host"));
+  MLAG_ASSIGN_OR_RETURN(host_stream_, Stream::Create(host_device_.get()));
+  MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> group, world_->Split(0, world_->rank()));
+  MLAG_RETURN_IF_ERROR(group_.Replace(std::move(group)));
+  active_ = world_->size();
+  return BuildEngine(options);
 }
 
 absl::Status EpRank::BuildEngine(const EngineOptions& options) {
@@ -259,6 +275,8 @@ absl::Status EpRank::BuildEngine(const EngineOptions& options) {
   o.ep_group = group_.get();
   o.max_ep_ranks = ep_.world;
   o.ep_peer_timeout = ep_.peer_timeout;
+  o.ep_control = control_;
+  o.ep_startup_timeout = ep_.startup_timeout;
   MLAG_ASSIGN_OR_RETURN(engine_, Engine::Create(o));
   group_.Bind(engine_.get());
   return absl::OkStatus();
@@ -384,21 +402,44 @@ absl::StatusOr<EpRunResult> EpRank::Run(const std::vector<RequestSpec>& requests
     }
   }
   absl::StatusOr<EpRunResult> driven = Drive(requests, std::move(result));
-  if (!driven.ok()) AbortGroups(driven.status());
-  return driven;
+  if (driven.ok()) return driven;
+  const absl::Status failure = PreferPeerReport(driven.status());
+  AbortGroups(failure);
+  return failure;
+}
+
+absl::Status EpRank::PreferPeerReport(absl::Status failure) {
+  if (!IsPeerTimeout(failure)) return failure;
+  const absl::Time give_up = absl::Now() + kPeerReportGrace;
+  do {
+    for (Communicator* c : {control_, world_, group_.get(), pending_group_.get()}) {
+      if (c == nullptr) continue;
+      absl::Status report = c->Health();
+      // A peer's own error; a peer that timed out too passes on the same
+      // classification as this rank's, which names this rank.
+      if (!report.ok() && !absl::StrContains(report.message(), kPeerFaultPrefix)) return report;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  } while (absl::Now() < give_up);
+  return failure;
 }
 
 void EpRank::AbortGroups(const absl::Status& reason) {
-  // Peers aborted by another rank's failure pass its reason on unchanged.
-  const absl::Status why = reason.code() == absl::StatusCode::kAborted
+  // Peers aborted by another rank's failure pass its reason on unchanged; a
+  // peer timeout names the rank that saw it already.
+  const absl::Status why = reason.code() == absl::StatusCode::kAborted || IsPeerTimeout(reason)
                                ? reason
                                : absl::Status(reason.code(), absl::StrCat("rank ", world_->rank(),
                                                                           ": ", reason.message()));
-  // The MPI world ends the process: abort the others first.
+  // The control group first, so a peer learns the reason before any error
+  // the data groups' aborts cause there (an NCCL error would read as that
+  // peer's own failure). MPI's abort ends the process, so it goes last.
+  const bool control_ends_process = control_->backend() == "mpi";
+  if (!control_ends_process) control_->Abort(why);
   if (pending_group_ != nullptr) pending_group_->Abort(why);
   group_.Abort(why);
-  if (control_ != nullptr && control_ != world_) control_->Abort(why);
-  world_->Abort(why);
+  if (control_ != world_) world_->Abort(why);
+  if (control_ends_process) control_->Abort(why);
 }
 
 absl::Status EpRank::InjectFault(int64_t step) {
@@ -407,7 +448,14 @@ absl::Status EpRank::InjectFault(int64_t step) {
     if (f.kind == EpFault::Kind::kFail) {
       return absl::InternalError(absl::StrCat("injected failure at step ", step));
     }
-    if (f.kind == EpFault::Kind::kHang) absl::SleepFor(f.hang);  // stops answering, then goes on
+    if (f.kind == EpFault::Kind::kHang) {
+      // Said when it begins, so a test can time how long the peers take
+      // to give up on this rank.
+      std::fprintf(stderr, "rank %d: injected hang of %s at step %lld\n", world_->rank(),
+                   absl::FormatDuration(f.hang).c_str(), static_cast<long long>(step));
+      std::fflush(stderr);
+      absl::SleepFor(f.hang);  // stops answering, then goes on
+    }
   }
   return absl::OkStatus();
 }
@@ -428,17 +476,22 @@ absl::StatusOr<EpRunResult> EpRank::Drive(const std::vector<RequestSpec>& reques
   int64_t step = 0;
   for (;; ++step) {
     while (next_event < ep_.reconfigure.size() && ep_.reconfigure[next_event].step == step) {
-      MLAG_ASSIGN_OR_RETURN(ReconfigurationReport r,
-                            Reconfigure(static_cast<int>(step), ep_.reconfigure[next_event].size));
-      result.reconfigurations.push_back(std::move(r));
+      absl::StatusOr<ReconfigurationReport> r =
+          Reconfigure(static_cast<int>(step), ep_.reconfigure[next_event].size);
+      if (!r.ok()) {
+        return AtPeerFault(r.status(), absl::StrCat("the reconfiguration before step ", step));
+      }
+      result.reconfigurations.push_back(*std::move(r));
       ++next_event;
     }
     MLAG_RETURN_IF_ERROR(InjectFault(step));
-    if (me < active_) MLAG_RETURN_IF_ERROR(engine_->Step().status());
-    MLAG_ASSIGN_OR_RETURN(
-        int64_t unfinished,
-        control_->AllReduceScalar(engine_->HasUnfinished() ? 1 : 0, ReduceOp::kMax));
-    if (unfinished == 0) break;
+    if (me < active_) {
+      MLAG_RETURN_IF_ERROR(AtPeerFault(engine_->Step().status(), absl::StrCat("step ", step)));
+    }
+    absl::StatusOr<int64_t> unfinished =
+        control_->AllReduceScalar(engine_->HasUnfinished() ? 1 : 0, ReduceOp::kMax);
+    if (!unfinished.ok()) return AtPeerFault(unfinished.status(), absl::StrCat("step ", step));
+    if (*unfinished == 0) break;
     if (step > 10'000'000) return absl::InternalError("expert-parallel run does not finish");
   }
   result.driver_steps = step + 1;
@@ -527,20 +580,22 @@ absl::StatusOr<EpRunResult> RunThreadedExpertParallel(
     rank_status->clear();
     for (const auto& r : results) rank_status->push_back(r.status());
   }
-  // Report the rank that failed first: the others were aborted by it.
-  for (int r = 0; r < n; ++r) {
-    if (!results[r].ok() && results[r].status().code() != absl::StatusCode::kAborted) {
-      return absl::Status(results[r].status().code(),
-                          absl::StrCat("rank ", r, ": ", results[r].status().message()));
-    }
+  // Report the cause: a rank's own failure (the others were aborted by it
+  // or timed out waiting on it), else a peer timeout, else an abort passed
+  // on; the lowest rank among equals.
+  auto precedence = [](const absl::Status& s) {
+    if (s.ok()) return 3;
+    if (s.code() == absl::StatusCode::kAborted) return 2;
+    return IsPeerTimeout(s) ? 1 : 0;
+  };
+  int reported = 0;
+  for (int r = 1; r < n; ++r) {
+    if (precedence(results[r].status()) < precedence(results[reported].status())) reported = r;
   }
-  for (int r = 0; r < n; ++r) {
-    if (!results[r].ok()) {
-      return absl::Status(results[r].status().code(),
-                          absl::StrCat("rank ", r, ": ", results[r].status().message()));
-    }
-  }
-  return std::move(results[0]);
+  const absl::Status& s = results[reported].status();
+  if (s.ok()) return std::move(results[0]);
+  if (IsPeerTimeout(s)) return s;  // it names the rank already
+  return absl::Status(s.code(), absl::StrCat("rank ", reported, ": ", s.message()));
 }
 
 absl::StatusOr<EpRunResult> RunLocalExpertParallel(const EngineOptions& options,
@@ -584,10 +639,11 @@ absl::StatusOr<EpRunResult> RunNcclThreadRanks(const EngineOptions& options, con
     devices[static_cast<size_t>(r)] = r;
     names.push_back(absl::StrCat("cuda:", r));
   }
-  MLAG_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Communicator>> data,
-                        NcclCommunicator::InitAll(devices, ep.peer_timeout));
+  // The controls outlive the NCCL worlds, whose waits poll them.
   std::vector<std::unique_ptr<Communicator>> control =
       LocalCommunicator::CreateGroup(ep.world, ep.peer_timeout);
+  MLAG_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Communicator>> data,
+                        NcclCommunicator::InitAll(devices, ep.peer_timeout));
   std::vector<Communicator*> worlds, controls;
   for (int r = 0; r < ep.world; ++r) {
     worlds.push_back(data[static_cast<size_t>(r)].get());

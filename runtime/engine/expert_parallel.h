@@ -55,9 +55,13 @@ struct EpOptions {
   int world = 1;                           // ranks launched: the largest group
   std::vector<ReconfigureAt> reconfigure;  // in step order
   // How long a rank waits for its peers in any collective before it decides
-  // that one is dead or hung, aborts the group and fails with
-  // DeadlineExceeded.
+  // that one is dead or hung, aborts the group and fails with a
+  // PeerTimeoutError (runtime/core/peer_fault.h). On a device it bounds the
+  // wait for a whole step's work, the rank's own included.
   absl::Duration peer_timeout = absl::Seconds(60);
+  // How long a rank that has loaded its model waits for the others to load
+  // theirs (the start-up rendezvous, before the first collective).
+  absl::Duration startup_timeout = absl::Minutes(10);
   std::vector<EpFault> faults;  // injected, for tests
 };
 
@@ -98,6 +102,24 @@ struct EpRunResult {
   double capture_seconds = 0.0;  // the initial capture, slowest rank
 };
 
+// How a run that failed on one rank ends on every rank:
+//   - a rank whose own step failed (an injected failure, an allocation, an
+//     NCCL error) aborts its communicators with that error, so the peers
+//     fail at once with it (Aborted, the error passed on) instead of
+//     waiting for a timeout;
+//   - a rank that waited longer than the peer timeout reports the one
+//     classified peer fault (PeerTimeoutError, DeadlineExceeded), whichever
+//     timer saw it, naming itself, the peer where known and the step. It
+//     first waits up to kPeerReportGrace for a peer's own error to arrive
+//     (a peer that failed first, but later than this rank began waiting);
+//     one that arrives is what the rank ends with. Over MPI a peer's error
+//     arrives as that peer's MPI_Abort, which ends this process during the
+//     grace.
+// So a run with a dead or hung peer ends within peer_timeout +
+// kPeerReportGrace of the fault, plus the time an abort takes to travel
+// (microseconds for thread ranks, an mpirun teardown over MPI).
+inline constexpr absl::Duration kPeerReportGrace = absl::Seconds(1);
+
 // One rank of an expert-parallel world.
 class EpRank {
  public:
@@ -131,13 +153,19 @@ class EpRank {
 
  private:
   EpRank() = default;
-  // Create's part after the group exists: placement and engine.
+  // Create's part after the checks: the host stream, the group, the engine.
+  absl::Status Start(const EngineOptions& options);
+  // Start's part after the group exists: placement and engine.
   absl::Status BuildEngine(const EngineOptions& options);
   // Run after validation: admits this rank's requests, steps to the end and
   // gathers the results.
   absl::StatusOr<EpRunResult> Drive(const std::vector<RequestSpec>& requests, EpRunResult result);
   // Aborts the active group, the control and the world communicators.
   void AbortGroups(const absl::Status& reason);
+  // What this rank ends with after `failure`: a peer's own error when
+  // `failure` is a peer timeout and a peer's error arrives within
+  // kPeerReportGrace (see above), else `failure`.
+  absl::Status PreferPeerReport(absl::Status failure);
   // The injected fault of this rank at driver step `step`, if any.
   absl::Status InjectFault(int64_t step);
   // Every rank's `mine`, on every rank (control-plane exchange over host memory).

@@ -8,6 +8,7 @@
 // Built only with -Demulate_cuda=true; the kernels below compile against the
 // emulation's device language like kernels/cuda/*.cu. A fault is sticky for
 // its device, so tests that cause one run in a child process (EXPECT_EXIT).
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -243,13 +244,21 @@ TEST_F(EmulatedRuntimeTest, TheLegacyStreamWaitsForBlockingStreamsOnly) {
     MLAG_LAUNCH(AddKernel, 1, 32, 0, s)(d, 1.0f, 32);
     // cudaMemcpy runs on the legacy stream: after the blocking stream's
     // kernel (so it waits for the gate, opened from another thread), before
-    // a non-blocking one's.
+    // a non-blocking one's. Behind a non-blocking stream the gate opens only
+    // once the copy has returned (or after 10 s, should the copy wrongly
+    // wait), so however late this thread runs the copy sees 1.
+    std::atomic<bool> copied{false};
     std::thread opener([&] {
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      while (!blocking && !copied && std::chrono::steady_clock::now() < give_up) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
       gate.Open();
     });
     float first = 0;
     CUDA_OK(cudaMemcpy(&first, d, sizeof(float), cudaMemcpyDeviceToHost));
+    copied = true;
     const float before = first;
     opener.join();
     CUDA_OK(cudaStreamSynchronize(s));

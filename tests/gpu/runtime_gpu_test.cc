@@ -177,16 +177,19 @@ TEST_F(RuntimeGpuTest, AFailedAndAHungNcclRankEndEveryRankWithANamedError) {
   o.max_num_seqs = 4;
   EpOptions ep;
   ep.world = 4;
-  // 4 s, not the host test's 2 s: a step of four emulated ranks sharing two
-  // cores can itself take over 2 s, and a healthy wait must not time out.
-  ep.peer_timeout = absl::Seconds(4);
+  // 10 s, not the host test's 2 s: on the emulation the watchdog's wait
+  // includes the rank's own step, which for four emulated ranks sharing two
+  // busy cores can itself take 1.5 s, and a healthy wait must not time out.
+  ep.peer_timeout = absl::Seconds(10);
   ep.faults = {ParseEpFault("fail:1:5").value(), ParseEpFault("hang:2:5:6").value()};
   std::vector<absl::Status> ranks;
   const absl::Time start = absl::Now();
   auto result = RunExpertParallel(o, ep, EpBackend::kNccl, Requests(8, 1024, 5), nullptr, &ranks);
   const absl::Duration took = absl::Now() - start;
-  EXPECT_FALSE(result.ok());
-  ::mlag::testing::ExpectEveryRankEndsNamed(ranks, took);
+  // Start-up of four emulated ranks takes up to ~15 s on a loaded 2-core
+  // machine; after it the run waits for the hang (6 s), and at worst one
+  // timeout (10 s) and the grace for a peer's report.
+  ::mlag::testing::ExpectEveryRankEndsNamed(result, ranks, took, absl::Seconds(60));
 #else
   GTEST_SKIP() << "built without NCCL";
 #endif
