@@ -67,7 +67,7 @@ if [ "$N" -ge 2 ]; then
   stamped "${args[@]}" --ep-timeout $timeout --ep-fault fail:1:3 --ep-fault hang:0:3:60
   t_fault=$(stamp_of "aborting the job: rank 1: injected failure at step 3")
   if [ "$rc" -ne 0 ] && [ -n "$t_fault" ] && within 0 "$t_fault" "$end" "$slack"; then
-    ok; else bad "failed rank ($DEVICE): exit $rc, $(elapsed "${t_fault:-$end}" "$end") s after the failure: $(tail -3 "$TMP/err")"; fi
+    ok; echo "failed rank ($DEVICE): the job ended $(elapsed "$t_fault" "$end") s after the failure"; else bad "failed rank ($DEVICE): exit $rc, $(elapsed "${t_fault:-$end}" "$end") s after the failure: $(tail -3 "$TMP/err")"; fi
   # A hang alone: the other ranks give up after the timeout, reporting the
   # classified peer fault with the waiting rank and the step.
   stamped "${args[@]}" --ep-timeout $timeout --ep-fault hang:1:3:60
@@ -75,7 +75,7 @@ if [ "$N" -ge 2 ]; then
   classified="aborting the job: peer dead or hung: rank [0-9]+ of $N waited [0-9.hms]+ in .*, at step 3$"
   if [ "$rc" -ne 0 ] && [ -n "$t_fault" ] && grep -qE "$classified" "$TMP/err" &&
      within 0 "$t_fault" "$end" "$((timeout + 1 + slack))"; then
-    ok; else bad "hung rank ($DEVICE): exit $rc, $(elapsed "${t_fault:-$end}" "$end") s after the hang began: $(tail -3 "$TMP/err")"; fi
+    ok; echo "hung rank ($DEVICE): the job ended $(elapsed "$t_fault" "$end") s after the hang began (timeout $timeout s): $(grep -m1 -oE "peer dead or hung: .*" "$TMP/err")"; else bad "hung rank ($DEVICE): exit $rc, $(elapsed "${t_fault:-$end}" "$end") s after the hang began: $(tail -3 "$TMP/err")"; fi
 fi
 echo "ep_mpi_np$N ($DEVICE): $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
