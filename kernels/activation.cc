@@ -29,11 +29,14 @@ absl::Status SiluAndMul(Stream& stream, const Tensor& gate_up, const Tensor& out
   MLAG_RETURN_IF_ERROR(CheckRowMajor(out, "out"));
   if (stream.is_cuda()) {
 #if MLAG_HAVE_CUDA
-    return stream.LaunchCuda("silu_and_mul", OpKind::kKernel, [&](void* s) {
-      return static_cast<int>(cuda::LaunchSiluAndMul(
-          gate_up.data(), gate_up.dtype(), gate_up.stride(0), out.data(), out.dtype(),
-          out.stride(0), out.size(0), out.size(1), static_cast<cudaStream_t>(s)));
-    });
+    return stream.LaunchCuda(
+        "silu_and_mul", OpKind::kKernel,
+        [&](void* s) {
+          return static_cast<int>(cuda::LaunchSiluAndMul(
+              gate_up.data(), gate_up.dtype(), gate_up.stride(0), out.data(), out.dtype(),
+              out.stride(0), out.size(0), out.size(1), static_cast<cudaStream_t>(s)));
+        },
+        MovedBytes({&gate_up, &out}));
 #endif
   }
   return stream.LaunchHost("silu_and_mul", OpKind::kKernel, [gate_up, out] {

@@ -12,6 +12,15 @@
 
 namespace mlag {
 
+// The cost of an op that reads and writes each of `tensors` once and does no
+// multiply-adds worth counting (an elementwise or gather kernel): the sum of
+// their bytes (the elements a view covers, not its strides' gaps).
+inline OpCost MovedBytes(std::initializer_list<const Tensor*> tensors) {
+  OpCost cost;
+  for (const Tensor* t : tensors) cost.bytes += static_cast<double>(t->nbytes());
+  return cost;
+}
+
 // `t` has one of the `allowed` dtypes.
 absl::Status CheckDType(const Tensor& t, absl::string_view arg,
                         std::initializer_list<DType> allowed);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/fp8_gemm.cuh"
@@ -259,20 +260,24 @@ absl::StatusOr<std::shared_ptr<Context>> GetContext(Stream& stream, absl::string
 
 // Runs one planned matmul D = op(A) op(B) on the stream as op `op`.
 absl::Status RunGemm(Stream& stream, absl::string_view op, absl::string_view shape,
-                     const GemmKey& key, const void* a, const void* b, void* c) {
+                     const GemmKey& key, const void* a, const void* b, void* c,
+                     const OpCost& cost) {
   MLAG_ASSIGN_OR_RETURN(std::shared_ptr<Context> ctx, GetContext(stream, op));
   MLAG_ASSIGN_OR_RETURN(const GemmPlan* plan, ctx->Plan(key, stream.capturing(), op, shape));
   static const float kOne = 1.0f;
   static const float kZero = 0.0f;
   cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
-  absl::Status launched = stream.LaunchCuda(op, OpKind::kGemm, [&](void* s) {
-    status = cublasLtMatmul(ctx->handle(), plan->desc, &kOne, a, plan->a, b, plan->b, &kZero, c,
-                            plan->c, c, plan->c, &plan->algo, ctx->workspace(),
-                            ctx->workspace_bytes(), static_cast<cudaStream_t>(s));
-    // LaunchCuda speaks cudaError_t: a failed cublasLtMatmul is reported as
-    // cudaErrorUnknown there (and poisons a capture); the status below names it.
-    return status == CUBLAS_STATUS_SUCCESS ? 0 : static_cast<int>(cudaErrorUnknown);
-  });
+  absl::Status launched = stream.LaunchCuda(
+      op, OpKind::kGemm,
+      [&](void* s) {
+        status = cublasLtMatmul(ctx->handle(), plan->desc, &kOne, a, plan->a, b, plan->b, &kZero, c,
+                                plan->c, c, plan->c, &plan->algo, ctx->workspace(),
+                                ctx->workspace_bytes(), static_cast<cudaStream_t>(s));
+        // LaunchCuda speaks cudaError_t: a failed cublasLtMatmul is reported as
+        // cudaErrorUnknown there (and poisons a capture); the status below names it.
+        return status == CUBLAS_STATUS_SUCCESS ? 0 : static_cast<int>(cudaErrorUnknown);
+      },
+      cost);
   if (status != CUBLAS_STATUS_SUCCESS) {
     absl::Status s = LtStatus(status, "cublasLtMatmul", MLAG_WHERE_);
     return absl::Status(s.code(), absl::StrCat(op, " ", shape, ": ", s.message()));
@@ -316,11 +321,14 @@ absl::Status Linear(Stream& stream, const Tensor& x, const Tensor& weight, const
     // bf16 weights: x rounded to bf16 into the stream's scratch (cuBLASLt
     // takes A and B of one type), then bf16 x bf16 with f32 accumulation.
     MLAG_ASSIGN_OR_RETURN(void* xb, Scratch(stream, static_cast<size_t>(rows * in) * 2, "linear"));
-    MLAG_RETURN_IF_ERROR(stream.LaunchCuda("linear", OpKind::kGemm, [&](void* s) {
-      return static_cast<int>(cuda::LaunchF32ToBf16Rows(x.data_as<float>(), rows, in, x.stride(0),
-                                                        static_cast<uint16_t*>(xb),
-                                                        static_cast<cudaStream_t>(s)));
-    }));
+    MLAG_RETURN_IF_ERROR(stream.LaunchCuda(
+        "linear", OpKind::kGemm,
+        [&](void* s) {
+          return static_cast<int>(cuda::LaunchF32ToBf16Rows(x.data_as<float>(), rows, in,
+                                                            x.stride(0), static_cast<uint16_t*>(xb),
+                                                            static_cast<cudaStream_t>(s)));
+        },
+        OpCost{static_cast<double>(rows * in) * (sizeof(float) + 2), 0, DType::kF32}));
     b = xb;
     key.bf16_ab = true;
     key.ldb = in;
@@ -332,7 +340,12 @@ absl::Status Linear(Stream& stream, const Tensor& x, const Tensor& weight, const
   const std::string shape = absl::StrCat(
       "x ", x.ShapeString(), " (row stride ", x.stride(0), ") * weight ", weight.ShapeString(), " ",
       DTypeName(weight.dtype()), "^T -> y ", y.ShapeString(), " (row stride ", y.stride(0), ")");
-  return RunGemm(stream, "linear", shape, key, weight.data(), b, y.data());
+  // Weights read once, x (as multiplied) read, y written.
+  const OpCost cost{static_cast<double>(weight.nbytes()) +
+                        static_cast<double>(rows * in) * ab_bytes +
+                        static_cast<double>(rows * out) * sizeof(float),
+                    2.0 * rows * in * out, weight.dtype()};
+  return RunGemm(stream, "linear", shape, key, weight.data(), b, y.data(), cost);
 }
 
 absl::StatusOr<bool> Fp8GemmSupported(int device) {
@@ -361,15 +374,22 @@ absl::Status LinearFp8(Stream& stream, const Tensor& x, const Tensor& weight, co
                         Scratch(stream, cuda::Fp8QuantizedBytes(rows, in), "linear (fp8)"));
   float* sx = static_cast<float*>(scratch);
   uint8_t* qx = static_cast<uint8_t*>(scratch) + (scale_bytes + 255) / 256 * 256;
-  return stream.LaunchCuda("linear", OpKind::kGemm, [&](void* s) {
-    const cudaStream_t cs = static_cast<cudaStream_t>(s);
-    cudaError_t err =
-        cuda::LaunchQuantizeFp8Rows(x.data_as<float>(), rows, in, x.stride(0), qx, sx, cs);
-    if (err != cudaSuccess) return static_cast<int>(err);
-    return static_cast<int>(cuda::LaunchFp8BlockGemm(qx, sx, weight.data_as<uint8_t>(),
-                                                     scales.data_as<float>(), rows, out, in,
-                                                     y.data_as<float>(), y.stride(0), cs));
-  });
+  return stream.LaunchCuda(
+      "linear", OpKind::kGemm,
+      [&](void* s) {
+        const cudaStream_t cs = static_cast<cudaStream_t>(s);
+        cudaError_t err =
+            cuda::LaunchQuantizeFp8Rows(x.data_as<float>(), rows, in, x.stride(0), qx, sx, cs);
+        if (err != cudaSuccess) return static_cast<int>(err);
+        return static_cast<int>(cuda::LaunchFp8BlockGemm(qx, sx, weight.data_as<uint8_t>(),
+                                                         scales.data_as<float>(), rows, out, in,
+                                                         y.data_as<float>(), y.stride(0), cs));
+      },
+      OpCost{static_cast<double>(weight.nbytes() + scales.nbytes()) +
+                 // x read as f32 and written and read again as e4m3; y written
+                 static_cast<double>(rows * in) * (sizeof(float) + 2) +
+                 static_cast<double>(rows * out) * sizeof(float),
+             2.0 * rows * in * out, weight.dtype()});
 }
 
 absl::Status HeadMatmul(Stream& stream, const Tensor& x, const Tensor& weight, bool transpose_w,
@@ -408,7 +428,63 @@ absl::Status HeadMatmul(Stream& stream, const Tensor& x, const Tensor& weight, b
       "x ", x.ShapeString(), " (strides ", x.stride(0), ", ", x.stride(1), ") with weight ",
       weight.ShapeString(), transpose_w ? " transposed" : "", " -> out ", out.ShapeString(),
       " (strides ", out.stride(0), ", ", out.stride(1), ")");
-  return RunGemm(stream, "head_matmul", shape, key, weight.data(), x.data(), out.data());
+  const OpCost cost{static_cast<double>(weight.nbytes()) +
+                        static_cast<double>(rows * heads) * (k + n) * sizeof(float),
+                    2.0 * rows * heads * k * n, DType::kF32};
+  return RunGemm(stream, "head_matmul", shape, key, weight.data(), x.data(), out.data(), cost);
+}
+
+absl::StatusOr<double> MeasureMatmulFlops(Stream& stream, DType ab, int64_t n, int reps) {
+  if (ab != DType::kF32 && ab != DType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MeasureMatmulFlops: ", DTypeName(ab), " operands; expected f32 or bf16"));
+  }
+  if (n < 1 || n > 65536 || reps < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MeasureMatmulFlops: n ", n, ", reps ", reps, "; expected 1..65536, >= 1"));
+  }
+  const size_t esize = DTypeSize(ab);
+  const size_t elements = static_cast<size_t>(n * n);
+  MLAG_ASSIGN_OR_RETURN(Buffer a, stream.device().Allocate(elements * esize));
+  MLAG_ASSIGN_OR_RETURN(Buffer b, stream.device().Allocate(elements * esize));
+  MLAG_ASSIGN_OR_RETURN(Buffer c, stream.device().Allocate(elements * sizeof(float)));
+  // Small finite operands (every byte 0x3c: about 0.0115 in either dtype),
+  // not zeros, which some GPUs multiply faster.
+  MLAG_RETURN_IF_ERROR(stream.Memset(a.data(), 0x3c, a.bytes()));
+  MLAG_RETURN_IF_ERROR(stream.Memset(b.data(), 0x3c, b.bytes()));
+  GemmKey key;
+  key.trans_a = true;  // Linear's form
+  key.m = key.n = key.k = n;
+  key.lda = key.ldb = key.ldc = n;
+  key.bf16_ab = ab == DType::kBF16;
+  key.align_a = Alignment(a.data(), n, 1, 0, esize);
+  key.align_b = Alignment(b.data(), n, 1, 0, esize);
+  key.align_c = Alignment(c.data(), n, 1, 0);
+  const std::string shape = absl::StrCat(n, "^3 ", DTypeName(ab));
+  MLAG_RETURN_IF_ERROR(
+      RunGemm(stream, "matmul_probe", shape, key, a.data(), b.data(), c.data(), {}));
+  cudaEvent_t start = nullptr, end = nullptr;
+  MLAG_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
+  absl::Cleanup destroy_start = [&] { cudaEventDestroy(start); };
+  MLAG_CUDA_RETURN_IF_ERROR(cudaEventCreate(&end));
+  absl::Cleanup destroy_end = [&] { cudaEventDestroy(end); };
+  const cudaStream_t cs = static_cast<cudaStream_t>(stream.native());
+  std::vector<double> seconds;
+  for (int i = 0; i < reps; ++i) {
+    MLAG_CUDA_RETURN_IF_ERROR(cudaEventRecord(start, cs));
+    MLAG_RETURN_IF_ERROR(
+        RunGemm(stream, "matmul_probe", shape, key, a.data(), b.data(), c.data(), {}));
+    MLAG_CUDA_RETURN_IF_ERROR(cudaEventRecord(end, cs));
+    MLAG_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(end));
+    float ms = 0;
+    MLAG_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start, end));
+    seconds.push_back(ms / 1e3);
+  }
+  MLAG_RETURN_IF_ERROR(stream.Synchronize());
+  std::sort(seconds.begin(), seconds.end());
+  const double median = seconds[seconds.size() / 2];
+  if (median <= 0) return absl::InternalError("MeasureMatmulFlops: a matmul timed at 0 s");
+  return 2.0 * n * n * n / median;
 }
 
 absl::StatusOr<void*> Scratch(Stream& stream, size_t bytes, absl::string_view user) {

@@ -66,6 +66,14 @@ absl::StatusOr<bool> Fp8GemmSupported(int device);
 absl::Status HeadMatmul(Stream& stream, const Tensor& x, const Tensor& weight, bool transpose_w,
                         const Tensor& out);
 
+// The multiply-add rate of one square matmul (n x n x n, A and B in `ab`,
+// kF32 or kBF16, f32 output) through the cuBLASLt path Linear takes, in
+// FLOP/s: the median of `reps` event-timed launches after one untimed. The
+// ceiling `mlag bench --profile` holds each node of that dtype against: the
+// tensor cores' for bf16, the FMA units' for f32 (Linear's f32 matmuls use
+// no TF32). Eager only; allocates 2 n^2 elements of `ab` and n^2 f32.
+absl::StatusOr<double> MeasureMatmulFlops(Stream& stream, DType ab, int64_t n, int reps);
+
 // A device buffer of at least `bytes` that persists with the stream's
 // context, for kernels whose scratch the caller did not provide (MoeExperts).
 // Launches on one stream run in order, so every user of the stream shares it.

@@ -26,15 +26,21 @@ absl::Status Fill(Stream& stream, const Tensor& t, double value) {
   if (stream.is_cuda()) {
 #if MLAG_HAVE_CUDA
     if (t.dtype() == DType::kU8) {
-      return stream.LaunchCuda("fill", OpKind::kKernel, [&](void* s) {
-        return static_cast<int>(cudaMemsetAsync(t.data(), static_cast<int>(value), t.numel(),
-                                                static_cast<cudaStream_t>(s)));
-      });
+      return stream.LaunchCuda(
+          "fill", OpKind::kKernel,
+          [&](void* s) {
+            return static_cast<int>(cudaMemsetAsync(t.data(), static_cast<int>(value), t.numel(),
+                                                    static_cast<cudaStream_t>(s)));
+          },
+          MovedBytes({&t}));
     }
-    return stream.LaunchCuda("fill", OpKind::kKernel, [&](void* s) {
-      return static_cast<int>(
-          cuda::LaunchFill(t.data(), t.dtype(), t.numel(), value, static_cast<cudaStream_t>(s)));
-    });
+    return stream.LaunchCuda(
+        "fill", OpKind::kKernel,
+        [&](void* s) {
+          return static_cast<int>(cuda::LaunchFill(t.data(), t.dtype(), t.numel(), value,
+                                                   static_cast<cudaStream_t>(s)));
+        },
+        MovedBytes({&t}));
 #endif
   }
   return stream.LaunchHost("fill", OpKind::kKernel, [t, value] {
@@ -53,10 +59,13 @@ absl::Status Scale(Stream& stream, const Tensor& x, float alpha, const Tensor& y
   MLAG_RETURN_IF_ERROR(CheckContiguous(y, "y"));
   if (stream.is_cuda()) {
 #if MLAG_HAVE_CUDA
-    return stream.LaunchCuda("scale", OpKind::kKernel, [&](void* s) {
-      return static_cast<int>(cuda::LaunchScale(x.data(), x.dtype(), alpha, y.data(), y.dtype(),
-                                                x.numel(), static_cast<cudaStream_t>(s)));
-    });
+    return stream.LaunchCuda(
+        "scale", OpKind::kKernel,
+        [&](void* s) {
+          return static_cast<int>(cuda::LaunchScale(x.data(), x.dtype(), alpha, y.data(), y.dtype(),
+                                                    x.numel(), static_cast<cudaStream_t>(s)));
+        },
+        MovedBytes({&x, &y}));
 #endif
   }
   return stream.LaunchHost("scale", OpKind::kKernel, [x, alpha, y] {
@@ -79,11 +88,14 @@ absl::Status Add(Stream& stream, const Tensor& a, const Tensor& b, const Tensor&
   MLAG_RETURN_IF_ERROR(CheckContiguous(out, "out"));
   if (stream.is_cuda()) {
 #if MLAG_HAVE_CUDA
-    return stream.LaunchCuda("add", OpKind::kKernel, [&](void* s) {
-      return static_cast<int>(cuda::LaunchAdd(a.data(), a.dtype(), b.data(), b.dtype(), out.data(),
-                                              out.dtype(), a.numel(),
-                                              static_cast<cudaStream_t>(s)));
-    });
+    return stream.LaunchCuda(
+        "add", OpKind::kKernel,
+        [&](void* s) {
+          return static_cast<int>(cuda::LaunchAdd(a.data(), a.dtype(), b.data(), b.dtype(),
+                                                  out.data(), out.dtype(), a.numel(),
+                                                  static_cast<cudaStream_t>(s)));
+        },
+        MovedBytes({&a, &b, &out}));
 #endif
   }
   return stream.LaunchHost("add", OpKind::kKernel, [a, b, out] {
@@ -126,17 +138,20 @@ absl::Status Copy(Stream& stream, const Tensor& src, const Tensor& dst) {
   Tensor d = dst.ndim() > 2 ? Tensor(dst.data(), dst.dtype(), {dst.numel()}, dst.device()) : dst;
   if (stream.is_cuda()) {
 #if MLAG_HAVE_CUDA
-    return stream.LaunchCuda("copy", OpKind::kCopy, [&](void* cs) {
-      const size_t esize = DTypeSize(s.dtype());
-      if (s.ndim() <= 1) {
-        return static_cast<int>(cudaMemcpyAsync(d.data(), s.data(), s.numel() * esize,
-                                                cudaMemcpyDeviceToDevice,
-                                                static_cast<cudaStream_t>(cs)));
-      }
-      return static_cast<int>(cudaMemcpy2DAsync(
-          d.data(), d.stride(0) * esize, s.data(), s.stride(0) * esize, s.size(1) * esize,
-          s.size(0), cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(cs)));
-    });
+    return stream.LaunchCuda(
+        "copy", OpKind::kCopy,
+        [&](void* cs) {
+          const size_t esize = DTypeSize(s.dtype());
+          if (s.ndim() <= 1) {
+            return static_cast<int>(cudaMemcpyAsync(d.data(), s.data(), s.numel() * esize,
+                                                    cudaMemcpyDeviceToDevice,
+                                                    static_cast<cudaStream_t>(cs)));
+          }
+          return static_cast<int>(cudaMemcpy2DAsync(
+              d.data(), d.stride(0) * esize, s.data(), s.stride(0) * esize, s.size(1) * esize,
+              s.size(0), cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(cs)));
+        },
+        MovedBytes({&s, &d}));
 #endif
   }
   return stream.LaunchHost("copy", OpKind::kCopy, [s, d] {

@@ -34,12 +34,15 @@ absl::Status LaunchGatherRows(Stream& stream, absl::string_view name, absl::stri
   MLAG_RETURN_IF_ERROR(CheckRowMajor(out, "out"));
   if (stream.is_cuda()) {
 #if MLAG_HAVE_CUDA
-    return stream.LaunchCuda(name, OpKind::kKernel, [&](void* s) {
-      return static_cast<int>(cuda::LaunchGatherRows(
-          indices.data(), indices.dtype() == DType::kI64, indices.stride(0), table.data(),
-          table.dtype(), table.size(0), table.stride(0), out.data(), out.dtype(), out.stride(0),
-          out.size(0), out.size(1), static_cast<cudaStream_t>(s)));
-    });
+    return stream.LaunchCuda(
+        name, OpKind::kKernel,
+        [&](void* s) {
+          return static_cast<int>(cuda::LaunchGatherRows(
+              indices.data(), indices.dtype() == DType::kI64, indices.stride(0), table.data(),
+              table.dtype(), table.size(0), table.stride(0), out.data(), out.dtype(), out.stride(0),
+              out.size(0), out.size(1), static_cast<cudaStream_t>(s)));
+        },
+        MovedBytes({&indices, &out, &out}));  // one table row per output row
 #endif
   }
   return stream.LaunchHost(name, OpKind::kKernel, [indices, table, out] {

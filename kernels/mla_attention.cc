@@ -191,10 +191,19 @@ absl::Status MlaDecode(Stream& stream, const Tensor& q_latent, const Tensor& q_p
     cuda::MlaAttentionArgs args =
         CudaArgs(q_latent, q_pe, cache, block_table, seq_lens, scale, out_latent, lse);
     args.decode_kernel = kernel;
-    return stream.LaunchCuda("mla_decode", OpKind::kKernel, [&](void* s) {
-      return static_cast<int>(
-          cuda::LaunchMlaDecode(args, ws_data, ws_bytes, static_cast<cudaStream_t>(s)));
-    });
+    return stream.LaunchCuda(
+        "mla_decode", OpKind::kKernel,
+        [&](void* s) {
+          return static_cast<int>(
+              cuda::LaunchMlaDecode(args, ws_data, ws_bytes, static_cast<cudaStream_t>(s)));
+        },
+        [&] {
+          // The cached rows read (and their multiply-adds) depend on seq_lens,
+          // on the device: not counted here.
+          OpCost c = MovedBytes({&q_latent, &q_pe, &out_latent, &lse, &seq_lens});
+          c.math = cache.dtype();
+          return c;
+        }());
   }
 #else
   (void)workspace;

@@ -49,12 +49,22 @@ absl::Status MlaKvUpdate(Stream& stream, const Tensor& kv_c, const Tensor& k_pe,
                                                      " tokens of width ", rkv + dr,
                                                      " exceed the CUDA kernel's 32-bit grid"));
     }
-    return stream.LaunchCuda("mla_kv_update", OpKind::kKernel, [&](void* s) {
-      return static_cast<int>(cuda::LaunchMlaKvUpdate(
-          kv_c.data(), kv_c.dtype(), kv_c.stride(0), k_pe.data(), k_pe.dtype(), k_pe.stride(0),
-          slot_mapping.data_as<const int64_t>(), slot_mapping.stride(0), num_tokens, cache.data(),
-          cache.dtype(), cache.size(0) * cache.size(1), rkv, dr, static_cast<cudaStream_t>(s)));
-    });
+    return stream.LaunchCuda(
+        "mla_kv_update", OpKind::kKernel,
+        [&](void* s) {
+          return static_cast<int>(cuda::LaunchMlaKvUpdate(
+              kv_c.data(), kv_c.dtype(), kv_c.stride(0), k_pe.data(), k_pe.dtype(), k_pe.stride(0),
+              slot_mapping.data_as<const int64_t>(), slot_mapping.stride(0), num_tokens,
+              cache.data(), cache.dtype(), cache.size(0) * cache.size(1), rkv, dr,
+              static_cast<cudaStream_t>(s)));
+        },
+        [&] {
+          // Each token's latent and rope part read and written as one cache row.
+          OpCost c = MovedBytes({&slot_mapping});
+          c.bytes += static_cast<double>(num_tokens) * (rkv + dr) *
+                     (DTypeSize(kv_c.dtype()) + DTypeSize(cache.dtype()));
+          return c;
+        }());
   }
 #endif
   return stream.LaunchHost("mla_kv_update", OpKind::kKernel, [kv_c, k_pe, slot_mapping, cache] {

@@ -80,11 +80,15 @@ absl::Status MoeRouteCuda(Stream& stream, const RoutingParams& params, const Ten
   p.routed_scaling_factor = params.routed_scaling_factor;
   const float* bias =
       params.method == TopkMethod::kNoauxTc ? correction_bias.data_as<const float>() : nullptr;
-  return stream.LaunchCuda("moe_route", OpKind::kKernel, [&](void* s) {
-    return static_cast<int>(cuda::LaunchMoeRoute(
-        p, logits.data_as<const float>(), logits.stride(0), bias, logits.size(0),
-        topk_ids.data_as<int32_t>(), topk_weights.data_as<float>(), static_cast<cudaStream_t>(s)));
-  });
+  return stream.LaunchCuda(
+      "moe_route", OpKind::kKernel,
+      [&](void* s) {
+        return static_cast<int>(
+            cuda::LaunchMoeRoute(p, logits.data_as<const float>(), logits.stride(0), bias,
+                                 logits.size(0), topk_ids.data_as<int32_t>(),
+                                 topk_weights.data_as<float>(), static_cast<cudaStream_t>(s)));
+      },
+      MovedBytes({&logits, &topk_ids, &topk_weights}));
 }
 
 absl::Status MoeExpertsCuda(Stream& stream, const Tensor& x, const Tensor& topk_ids,
@@ -148,9 +152,18 @@ absl::Status MoeExpertsCuda(Stream& stream, const Tensor& x, const Tensor& topk_
   a.L = static_cast<int>(L);
   a.D = static_cast<int>(D);
   a.I = static_cast<int>(I);
-  return stream.LaunchCuda("moe_experts", OpKind::kGemm, [&](void* s) {
-    return static_cast<int>(cuda::LaunchMoeExperts(a, static_cast<cudaStream_t>(s)));
-  });
+  // Every (token, expert) pair's gate_up [2I, D] and down [D, I]; the
+  // weights of the experts the batch routes to depend on the routing and are
+  // not counted here.
+  OpCost cost = MovedBytes({&x, &topk_ids, &topk_weights, &out});
+  cost.flops = 6.0 * T * K * D * I;
+  cost.math = w_gate_up.dtype();
+  return stream.LaunchCuda(
+      "moe_experts", OpKind::kGemm,
+      [&](void* s) {
+        return static_cast<int>(cuda::LaunchMoeExperts(a, static_cast<cudaStream_t>(s)));
+      },
+      cost);
 }
 #endif  // MLAG_HAVE_CUDA
 

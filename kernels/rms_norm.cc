@@ -62,11 +62,14 @@ absl::Status RmsNorm(Stream& stream, const Tensor& x, const Tensor& weight, floa
   MLAG_RETURN_IF_ERROR(CheckInPlace(x, y));
   if (stream.is_cuda()) {
 #if MLAG_HAVE_CUDA
-    return stream.LaunchCuda("rms_norm", OpKind::kKernel, [&](void* s) {
-      return static_cast<int>(cuda::LaunchRmsNorm(
-          x.data(), x.dtype(), x.stride(0), weight.data(), weight.dtype(), y.data(), y.dtype(),
-          y.stride(0), x.size(0), x.size(1), eps, static_cast<cudaStream_t>(s)));
-    });
+    return stream.LaunchCuda(
+        "rms_norm", OpKind::kKernel,
+        [&](void* s) {
+          return static_cast<int>(cuda::LaunchRmsNorm(
+              x.data(), x.dtype(), x.stride(0), weight.data(), weight.dtype(), y.data(), y.dtype(),
+              y.stride(0), x.size(0), x.size(1), eps, static_cast<cudaStream_t>(s)));
+        },
+        MovedBytes({&x, &weight, &y}));
 #endif
   }
   return stream.LaunchHost("rms_norm", OpKind::kKernel, [x, weight, eps, y] {
@@ -89,12 +92,15 @@ absl::Status AddRmsNorm(Stream& stream, const Tensor& x, const Tensor& residual,
   }
   if (stream.is_cuda()) {
 #if MLAG_HAVE_CUDA
-    return stream.LaunchCuda("add_rms_norm", OpKind::kKernel, [&](void* s) {
-      return static_cast<int>(cuda::LaunchAddRmsNorm(
-          x.data(), x.dtype(), x.stride(0), residual.data(), residual.dtype(), residual.stride(0),
-          weight.data(), weight.dtype(), y.data(), y.dtype(), y.stride(0), x.size(0), x.size(1),
-          eps, static_cast<cudaStream_t>(s)));
-    });
+    return stream.LaunchCuda(
+        "add_rms_norm", OpKind::kKernel,
+        [&](void* s) {
+          return static_cast<int>(cuda::LaunchAddRmsNorm(
+              x.data(), x.dtype(), x.stride(0), residual.data(), residual.dtype(),
+              residual.stride(0), weight.data(), weight.dtype(), y.data(), y.dtype(), y.stride(0),
+              x.size(0), x.size(1), eps, static_cast<cudaStream_t>(s)));
+        },
+        MovedBytes({&x, &residual, &residual, &weight, &y}));  // residual read and written
 #endif
   }
   return stream.LaunchHost("add_rms_norm", OpKind::kKernel, [x, residual, weight, eps, y] {

@@ -117,13 +117,21 @@ absl::Status ApplyRope(Stream& stream, const Tensor& positions, const Tensor& ta
   MLAG_RETURN_IF_ERROR(CheckRowMajor(table, "table"));
   if (stream.is_cuda()) {
 #if MLAG_HAVE_CUDA
-    return stream.LaunchCuda("rope", OpKind::kKernel, [&](void* s) {
-      return static_cast<int>(cuda::LaunchApplyRope(
-          positions.data_as<const int32_t>(), positions.stride(0), table.data_as<const float>(),
-          table.size(0), table.stride(0), q_pe.data_as<float>(), q_pe.stride(0), q_pe.stride(1),
-          q_pe.size(1), k_pe.data_as<float>(), k_pe.stride(0), num_tokens, dr / 2,
-          static_cast<cudaStream_t>(s)));
-    });
+    return stream.LaunchCuda(
+        "rope", OpKind::kKernel,
+        [&](void* s) {
+          return static_cast<int>(cuda::LaunchApplyRope(
+              positions.data_as<const int32_t>(), positions.stride(0), table.data_as<const float>(),
+              table.size(0), table.stride(0), q_pe.data_as<float>(), q_pe.stride(0), q_pe.stride(1),
+              q_pe.size(1), k_pe.data_as<float>(), k_pe.stride(0), num_tokens, dr / 2,
+              static_cast<cudaStream_t>(s)));
+        },
+        [&] {
+          // q_pe and k_pe read and written; one table row per token.
+          OpCost c = MovedBytes({&q_pe, &q_pe, &k_pe, &k_pe, &positions});
+          c.bytes += static_cast<double>(num_tokens) * dr * sizeof(float);
+          return c;
+        }());
 #endif
   }
   return stream.LaunchHost("rope", OpKind::kKernel, [positions, table, q_pe, k_pe] {

@@ -28,9 +28,14 @@
 #include "examples/mlag/cli.h"
 #include "examples/mlag/gemm_cost.h"
 #include "examples/mlag/memory_bandwidth.h"
+#include "mlag_config.h"
 #include "runtime/core/dtype.h"
 #include "runtime/core/status.h"
+#include "runtime/engine/engine.h"
 #include "runtime/engine/model_runner.h"
+#if MLAG_HAVE_CUDA
+#include "kernels/cuda_blas.h"
+#endif
 
 namespace mlag::cli {
 namespace {
@@ -182,6 +187,75 @@ absl::StatusOr<double> TimeSteps(ModelRunner& runner, const DecodeBatch& batch, 
   return Median(ms);
 }
 
+// A node or op name with its layer indices folded: "layers.3.attn.mla" ->
+// "layers.*.attn.mla".
+std::string FoldLayers(const std::string& name) {
+  std::string op;
+  for (size_t i = 0; i < name.size(); ++i) {
+    if (std::isdigit(static_cast<unsigned char>(name[i])) && (i == 0 || name[i - 1] == '.')) {
+      op += '*';
+      while (i + 1 < name.size() && std::isdigit(static_cast<unsigned char>(name[i + 1]))) ++i;
+    } else {
+      op += name[i];
+    }
+  }
+  return op;
+}
+
+// The nodes of one eager decode step on CUDA, each launch timed by events,
+// folded over layers, most time first; `wall_ms` gets the step's wall time.
+absl::StatusOr<std::vector<NodeProfile>> ProfileDeviceStep(ModelRunner& runner,
+                                                           const DecodeBatch& batch,
+                                                           double* wall_ms) {
+  DeviceOpProfile profile;
+  MLAG_RETURN_IF_ERROR(runner.stream().BeginDeviceProfile(&profile));
+  const auto t0 = Clock::now();
+  absl::Status s = runner.Execute(batch.seqs).status();
+  absl::Status ended = runner.stream().EndDeviceProfile();  // waits for the step
+  *wall_ms = 1e3 * SecondsSince(t0);
+  MLAG_RETURN_IF_ERROR(s);
+  MLAG_RETURN_IF_ERROR(ended);
+  std::map<std::string, NodeProfile> folded;
+  for (const auto& [name, e] : profile.ops) {
+    NodeProfile& n = folded[FoldLayers(name)];
+    n.node = FoldLayers(name);
+    if (n.launches == 0 || e.flops > 0) n.math = e.math;
+    n.us += 1e6 * e.seconds;
+    n.bytes += e.bytes;
+    n.flops += e.flops;
+    n.launches += e.launches;
+  }
+  std::vector<NodeProfile> out;
+  for (auto& [name, n] : folded) out.push_back(std::move(n));
+  return out;
+}
+
+// The graph replays of `steps` decode steps on CUDA, each timed by events:
+// the median device time of one replay, ms, and the median device idle
+// time between consecutive replays, us.
+absl::StatusOr<std::pair<double, double>> ReplayTimes(ModelRunner& runner, const DecodeBatch& batch,
+                                                      int steps) {
+  DeviceOpProfile profile;
+  MLAG_RETURN_IF_ERROR(runner.stream().BeginDeviceProfile(&profile));
+  absl::Status s;
+  for (int i = 0; i < std::max(steps, 2) && s.ok(); ++i) s = runner.Execute(batch.seqs).status();
+  absl::Status ended = runner.stream().EndDeviceProfile();
+  MLAG_RETURN_IF_ERROR(s);
+  MLAG_RETURN_IF_ERROR(ended);
+  const auto& r = profile.replays;
+  if (r.size() < 2) {
+    return absl::InternalError(absl::StrCat("bench: ", r.size(), " graph replays timed over ",
+                                            std::max(steps, 2),
+                                            " steps; the steps were not replayed"));
+  }
+  std::vector<double> replay_ms, gap_us;
+  for (size_t i = 0; i < r.size(); ++i) {
+    replay_ms.push_back(1e3 * (r[i].end_seconds - r[i].start_seconds));
+    if (i > 0) gap_us.push_back(1e6 * (r[i].start_seconds - r[i - 1].end_seconds));
+  }
+  return std::make_pair(Median(replay_ms), Median(gap_us));
+}
+
 // Eager milliseconds per step of each host op over `steps` steps, layer
 // indices folded ("layers.*.attn.mla"), most first.
 absl::StatusOr<std::vector<std::pair<std::string, double>>> ProfileSteps(ModelRunner& runner,
@@ -194,18 +268,7 @@ absl::StatusOr<std::vector<std::pair<std::string, double>>> ProfileSteps(ModelRu
   runner.stream().set_host_profile(nullptr);
   MLAG_RETURN_IF_ERROR(s);
   std::map<std::string, double> folded;
-  for (const auto& [name, e] : profile.ops) {
-    std::string op;
-    for (size_t i = 0; i < name.size(); ++i) {
-      if (std::isdigit(static_cast<unsigned char>(name[i])) && (i == 0 || name[i - 1] == '.')) {
-        op += '*';
-        while (i + 1 < name.size() && std::isdigit(static_cast<unsigned char>(name[i + 1]))) ++i;
-      } else {
-        op += name[i];
-      }
-    }
-    folded[op] += 1e3 * e.seconds / steps;
-  }
+  for (const auto& [name, e] : profile.ops) folded[FoldLayers(name)] += 1e3 * e.seconds / steps;
   std::vector<std::pair<std::string, double>> out(folded.begin(), folded.end());
   std::stable_sort(out.begin(), out.end(),
                    [](const auto& a, const auto& b) { return a.second > b.second; });
@@ -264,11 +327,16 @@ absl::Status Bench(BenchFlags f) {
   rc.max_num_batched_tokens = std::max(max_batch, max_prefill);
   rc.graph_mode = GraphMode::kFullDecode;
   rc.capture_sizes = f.batch_sizes;
-  rc.kv_dtype = device->is_cuda() ? DType::kBF16 : DType::kF32;
+  rc.kv_dtype = DefaultKvCacheDtype(*device);
   if (f.kv_cache_dtype != "auto") {
     MLAG_ASSIGN_OR_RETURN(rc.kv_dtype, ParseDType(f.kv_cache_dtype));
   }
-  MLAG_ASSIGN_OR_RETURN(rc.weight_format, ParseWeightFormat(f.weight_dtype));
+  // On CUDA the model runs in bf16 unless told otherwise (an fp8
+  // checkpoint stays fp8): the dtypes the tensor-core paths are built for.
+  const bool weight_dtype_defaulted =
+      f.weight_dtype == "auto" && device->is_cuda() && !mc.fp8_block_quantized;
+  MLAG_ASSIGN_OR_RETURN(rc.weight_format,
+                        ParseWeightFormat(weight_dtype_defaulted ? "bf16" : f.weight_dtype));
   auto t_build = Clock::now();
   MLAG_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
                         ModelRunner::Create(source, device.get(), rc));
@@ -312,6 +380,10 @@ absl::Status Bench(BenchFlags f) {
     MLAG_ASSIGN_OR_RETURN(const BandwidthMeasurement beside_before, probe->Measure(kBesideReps));
     MLAG_ASSIGN_OR_RETURN(r.graph_ms, TimeSteps(*runner, batch, f.steps));
     MLAG_ASSIGN_OR_RETURN(const BandwidthMeasurement beside_after, probe->Measure(kBesideReps));
+    if (f.profile && device->is_cuda()) {
+      MLAG_ASSIGN_OR_RETURN(std::tie(r.replay_device_ms, r.launch_gap_us),
+                            ReplayTimes(*runner, batch, f.steps));
+    }
     beside.push_back(beside_before.bytes_per_second >= beside_after.bytes_per_second
                          ? beside_before
                          : beside_after);
@@ -357,6 +429,22 @@ absl::Status Bench(BenchFlags f) {
     if (f.profile && !device->is_cuda()) {
       MLAG_ASSIGN_OR_RETURN(r.profile_ms, ProfileSteps(*runner, batch, f.steps));
     }
+    if (f.profile && device->is_cuda()) {
+      MLAG_ASSIGN_OR_RETURN(r.nodes, ProfileDeviceStep(*runner, batch, &r.profiled_step_wall_ms));
+      // What the launches could not know: the cached tokens the attention
+      // reads (and multiplies) and the routed experts' weights the batch
+      // reaches, as the step's bytes count them.
+      for (NodeProfile& n : r.nodes) {
+        if (n.node == "layers.*.attn.mla") {
+          n.bytes += r.batch * (f.context_len + 1) * kv_token_bytes;
+          n.flops += r.attention_flops;
+        } else if (n.node == "layers.*.moe.experts") {
+          n.bytes += r.experts_touched * static_cast<double>(wb.routed_expert);
+        }
+      }
+      std::stable_sort(r.nodes.begin(), r.nodes.end(),
+                       [](const NodeProfile& a, const NodeProfile& b) { return a.us > b.us; });
+    }
   }
   // The ceiling measured again after the decode timings. The run's best is
   // the best of every measurement, the ones beside the timings included: on
@@ -392,6 +480,20 @@ absl::Status Bench(BenchFlags f) {
     MLAG_ASSIGN_OR_RETURN(gemm_before, measure_gemm());
     peak_gflops = MeasurePeakGflops();
   }
+  // The matmul ceilings (CUDA, --profile): bf16 on the tensor cores and f32
+  // on the FMA units, through cuBLASLt, after the decode timings. 8192^3
+  // keeps an H200 busy for milliseconds at its peak; the emulation computes
+  // on the CPU, where a small matrix already shows its rate.
+  std::map<DType, double> matmul_peak;
+#if MLAG_HAVE_CUDA
+  if (f.profile && device->is_cuda()) {
+    const int64_t n = MLAG_CUDA_EMULATED ? 128 : 8192;
+    for (DType ab : {DType::kBF16, DType::kF32}) {
+      MLAG_ASSIGN_OR_RETURN(matmul_peak[ab],
+                            cuda_blas::MeasureMatmulFlops(runner->stream(), ab, n, /*reps=*/5));
+    }
+  }
+#endif
 
   // Prefill: one sequence of each prompt length from an empty cache, eager
   // (prefill is never captured). Long prompts take seconds: one warm-up run
@@ -430,6 +532,9 @@ absl::Status Bench(BenchFlags f) {
   report.weight_bytes_by_dtype = runner->model().weight_bytes_by_dtype();
   report.kv_dtype = rc.kv_dtype;
   report.weight_format = rc.weight_format;
+  report.weight_dtype_defaulted = weight_dtype_defaulted;
+  report.matmul_peak_flops = matmul_peak;
+  report.emulated_times = device->is_cuda() && MLAG_CUDA_EMULATED;
   report.context_len = f.context_len;
   report.steps = f.steps;
   report.build_seconds = build_s;
@@ -487,8 +592,10 @@ Command AddBenchCommand(CLI::App& app) {
       ->add_option("--bandwidth-gib", f->bandwidth_gib, "buffer of the bandwidth measurement (GiB)")
       ->check(CLI::Range(1.0 / 1024, 1024.0));
   bench->add_flag("--profile", f->profile,
-                  "host: time each op of --steps eager decode steps per batch size and print where "
-                  "a step's time goes");
+                  "where a step's time goes: host: each op of --steps eager decode steps per batch "
+                  "size; CUDA: each graph node of one eager event-timed step per batch size, its "
+                  "bytes and FLOPs against the copy bandwidth and a cuBLASLt matmul's rate "
+                  "measured in the same run, and the device's idle time between graph replays");
   bench
       ->add_option("--kv-cache-dtype", f->kv_cache_dtype,
                    "auto (bf16 on CUDA, f32 on the host), f32 or bf16")

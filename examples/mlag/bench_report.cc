@@ -66,6 +66,13 @@ Roofline RooflineOf(const BenchReport& r, const DecodeResult& d) {
   return f;
 }
 
+// The matmul rate measured for `dtype`'s operands (CUDA --profile), 0 when
+// none was.
+double MatmulPeak(const BenchReport& r, DType dtype) {
+  auto it = r.matmul_peak_flops.find(dtype);
+  return it == r.matmul_peak_flops.end() ? 0.0 : it->second;
+}
+
 }  // namespace
 
 void PrintBenchJson(const BenchReport& r) {
@@ -78,6 +85,10 @@ void PrintBenchJson(const BenchReport& r) {
                   {"gemv_gb_s", r.bandwidth.gemv_bytes_per_second / 1e9},
                   {"bandwidth_buffer_bytes", r.bandwidth.bytes}};
   if (r.peak_gflops > 0) j["machine"]["peak_gflops"] = r.peak_gflops;
+  for (const auto& [dtype, flops] : r.matmul_peak_flops) {
+    j["machine"]["matmul_peak_tflops"][std::string(DTypeName(dtype))] = flops / 1e12;
+  }
+  if (r.is_cuda) j["machine"]["emulated_times"] = r.emulated_times;
   for (double b : r.bandwidth_runs_bytes_per_second) {
     j["machine"]["bandwidth_runs_gb_s"].push_back(b / 1e9);
   }
@@ -92,6 +103,7 @@ void PrintBenchJson(const BenchReport& r) {
                 {"weight_bytes", r.weight_bytes}};
   j["kv_cache_dtype"] = DTypeName(r.kv_dtype);
   j["weight_dtype"] = WeightFormatName(r.weight_format);
+  j["weight_dtype_defaulted"] = r.weight_dtype_defaulted;
   j["weight_bytes_by_dtype"] = nlohmann::json::object();
   for (const auto& [dtype, bytes] : r.weight_bytes_by_dtype) {
     j["weight_bytes_by_dtype"][std::string(DTypeName(dtype))] = bytes;
@@ -152,6 +164,31 @@ void PrintBenchJson(const BenchReport& r) {
           j["decode"].back()["attention_fraction_of_peak"] = gflops / r.peak_gflops;
         }
       }
+    }
+    if (d.launch_gap_us >= 0) {
+      j["decode"].back()["replay_device_ms"] = d.replay_device_ms;
+      j["decode"].back()["launch_gap_us"] = d.launch_gap_us;
+    }
+    if (!d.nodes.empty()) {
+      nlohmann::json nodes = nlohmann::json::array();
+      for (const NodeProfile& n : d.nodes) {
+        const double bytes_per_s = n.us > 0 ? n.bytes / (n.us / 1e6) : 0.0;
+        nlohmann::json e = {
+            {"node", n.node},
+            {"dtype", DTypeName(n.math)},
+            {"us", n.us},
+            {"launches", n.launches},
+            {"bytes", n.bytes},
+            {"gflop", n.flops / 1e9},
+            {"gb_s", bytes_per_s / 1e9},
+            {"fraction_of_bandwidth", Ratio(bytes_per_s, r.bandwidth.bytes_per_second)}};
+        if (n.flops > 0 && MatmulPeak(r, n.math) > 0 && n.us > 0) {
+          e["fraction_of_matmul_peak"] = n.flops / (n.us / 1e6) / MatmulPeak(r, n.math);
+        }
+        nodes.push_back(std::move(e));
+      }
+      j["decode"].back()["nodes"] = std::move(nodes);
+      j["decode"].back()["profiled_step_wall_ms"] = d.profiled_step_wall_ms;
     }
     if (r.contention.threads > 0) {
       j["decode"].back()["contended_graph_ms"] = d.contended_graph_ms;
@@ -222,12 +259,18 @@ void PrintBenchText(const BenchReport& r) {
     std::printf("peak multiply-add rate: %.1f GFLOP/s (every thread, in registers)\n",
                 r.peak_gflops);
   }
+  for (const auto& [dtype, flops] : r.matmul_peak_flops) {
+    std::printf("matmul peak, %s operands (cuBLASLt probe): %.1f TFLOP/s%s\n",
+                std::string(DTypeName(dtype)).c_str(), flops / 1e12,
+                r.emulated_times ? " (emulated: the CPU's rate)" : "");
+  }
   std::printf(
       "model: %s: %d layers, hidden %d, %d heads, %d routed experts top-%d, "
-      "%.2f GB of weights (--weight-dtype %s)\n",
+      "%.2f GB of weights (--weight-dtype %s%s)\n",
       r.model.c_str(), r.config.num_hidden_layers, r.config.hidden_size,
       r.config.num_attention_heads, r.config.n_routed_experts, r.config.num_experts_per_tok,
-      r.weight_bytes / 1e9, std::string(WeightFormatName(r.weight_format)).c_str());
+      r.weight_bytes / 1e9, std::string(WeightFormatName(r.weight_format)).c_str(),
+      r.weight_dtype_defaulted ? ": bench's default on CUDA; pass --weight-dtype to change" : "");
   std::printf(
       "decode at context %d (%s cache), median of %d steps; built in %.1f s, %zu graphs "
       "captured in %.3f s after a %.3f s warm-up\n\n",
@@ -272,6 +315,37 @@ void PrintBenchText(const BenchReport& r) {
                   d.attention_flops / 1e9, gflops);
       if (r.peak_gflops > 0) std::printf(", %.1f%% of peak", 100.0 * gflops / r.peak_gflops);
       std::printf("\n");
+    }
+  }
+  for (const DecodeResult& d : r.decode) {
+    if (d.nodes.empty()) continue;
+    std::printf(
+        "\nbatch %d, graph nodes of one eager event-timed step (%.3f ms wall)%s; "
+        "bandwidth against %.1f GB/s copy:\n",
+        d.batch, d.profiled_step_wall_ms,
+        r.emulated_times ? " [EMULATED: CPU times of the CUDA emulation, not a GPU's]" : "",
+        r.bandwidth.bytes_per_second / 1e9);
+    std::printf("  %10s %6s %10s %9s %8s %8s  %s\n", "us", "share", "MB", "GFLOP", "of bw",
+                "of peak", "node (launches, dtype)");
+    for (const NodeProfile& n : d.nodes) {
+      const double bytes_per_s = n.us > 0 ? n.bytes / (n.us / 1e6) : 0.0;
+      const double peak = MatmulPeak(r, n.math);
+      std::printf("  %10.1f %5.1f%% %10.3f %9.4f %7.1f%% ", n.us,
+                  100.0 * Ratio(n.us, 1e3 * d.profiled_step_wall_ms), n.bytes / 1e6, n.flops / 1e9,
+                  100.0 * Ratio(bytes_per_s, r.bandwidth.bytes_per_second));
+      if (n.flops > 0 && peak > 0 && n.us > 0) {
+        std::printf("%7.1f%% ", 100.0 * n.flops / (n.us / 1e6) / peak);
+      } else {
+        std::printf("%8s ", "-");
+      }
+      std::printf(" %s (%lld, %s)\n", n.node.c_str(), static_cast<long long>(n.launches),
+                  std::string(DTypeName(n.math)).c_str());
+    }
+    if (d.launch_gap_us >= 0) {
+      std::printf(
+          "  graph replays: %.3f ms on the device each, %.1f us of device idle between "
+          "consecutive ones (median)\n",
+          d.replay_device_ms, d.launch_gap_us);
     }
   }
   if (!r.gemm_cost.empty()) {

@@ -17,6 +17,19 @@
 
 namespace mlag::cli {
 
+// One graph node of a profiled CUDA step (--profile on CUDA), layer
+// indices folded: what its launches declared they move and compute (plus,
+// for the attention and the routed experts, the cached tokens and the
+// experts the batch routes to), and its event-timed device time.
+struct NodeProfile {
+  std::string node;          // "layers.*.attn.mla"
+  DType math = DType::kF32;  // the operands' dtype of its multiply-adds
+  double us = 0;             // per step
+  double bytes = 0;
+  double flops = 0;
+  int64_t launches = 0;
+};
+
 struct DecodeResult {
   int batch = 0;
   double graph_ms = 0, eager_ms = 0;
@@ -31,6 +44,15 @@ struct DecodeResult {
   // --profile (host): eager milliseconds per step of each op, layer indices
   // folded ("layers.*.moe.experts"), most first.
   std::vector<std::pair<std::string, double>> profile_ms;
+  // --profile (CUDA): the nodes of one eager event-timed step, most time
+  // first; the step's wall time; and, over the graph timings, the median
+  // device time of one replay and the median device idle time between
+  // consecutive replays (what the host spends per step: staging, launch,
+  // reading the sampled tokens back).
+  std::vector<NodeProfile> nodes;
+  double profiled_step_wall_ms = 0;
+  double replay_device_ms = 0;
+  double launch_gap_us = -1;  // -1: not measured
 };
 
 // --contend N: the graphs captured again on a warm engine, quietly and then
@@ -61,6 +83,13 @@ struct BenchReport {
   // before and after the prefill timings (both after the decode timings); 0
   // on CUDA.
   double peak_gflops = 0;
+  // CUDA --profile: the matmul rate of the cuBLASLt probe
+  // (cuda_blas::MeasureMatmulFlops) by operand dtype, FLOP/s; and whether
+  // every device time was taken on the CPU emulation of CUDA.
+  std::map<DType, double> matmul_peak_flops;
+  bool emulated_times = false;
+  // The weight dtype was chosen by mlag bench (bf16 on CUDA), not the flag.
+  bool weight_dtype_defaulted = false;
   std::string model;
   ModelConfig config;
   size_t weight_bytes = 0;

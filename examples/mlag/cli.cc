@@ -95,7 +95,7 @@ void EngineFlags::Register(CLI::App* app) {
       ->check(AtLeast(0));
   app->add_flag("--no-prefix-caching", no_prefix_caching, "disable prefix caching");
   app->add_option("--kv-cache-dtype", kv_cache_dtype,
-                  "auto (f32, the activations' dtype, on every device), f32 or bf16");
+                  "auto (bf16 on CUDA, f32 on the host), f32 or bf16");
   AddWeightDtype(app, &weight_dtype);
   app->add_option("--chat-format", chat_format,
                   "chat format of text prompts: auto (the tokenizer config's, else the model "

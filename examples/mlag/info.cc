@@ -12,6 +12,7 @@
 #include "examples/mlag/cli.h"
 #include "runtime/checkpoint/hf_layout.h"
 #include "runtime/checkpoint/model_loader.h"
+#include "runtime/engine/engine.h"
 
 namespace mlag::cli {
 namespace {
@@ -67,6 +68,9 @@ int Info(const InfoFlags& f) {
     std::printf("skipped: multi-token-prediction layer %d (%d tensors; not used for decoding)\n",
                 layer, tensors);
   }
+  std::printf(
+      "kv cache: %s by default on this device (--kv-cache-dtype auto of run, serve and bench)\n",
+      std::string(DTypeName(DefaultKvCacheDtype(**device))).c_str());
   std::printf("built in %.2f s\n", seconds);
   return 0;
 }

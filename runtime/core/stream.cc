@@ -86,8 +86,9 @@ class CudaGraph final : public Graph {
   absl::Status Replay(Stream& stream) override {
     if (!stream.is_cuda())
       return absl::InvalidArgumentError("CUDA graph replayed on a host stream");
+    MLAG_RETURN_IF_ERROR(stream.RecordReplayStart());
     MLAG_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec_, static_cast<cudaStream_t>(stream.native())));
-    return absl::OkStatus();
+    return stream.RecordReplayEnd();
   }
 
  private:
@@ -239,6 +240,7 @@ absl::StatusOr<std::unique_ptr<Stream>> Stream::Create(Device* device) {
 
 Stream::~Stream() {
   attachments_.clear();  // library state first: it may still use the CUDA stream
+  if (device_profile_ != nullptr) EndDeviceProfile().IgnoreError();  // frees the events
   if (capturing_) device_->AddCapture(-1);
 #if MLAG_HAVE_CUDA
   if (native_ != nullptr) {
@@ -297,14 +299,27 @@ absl::Status Stream::LaunchHost(absl::string_view default_name, OpKind kind, Hos
 }
 
 absl::Status Stream::LaunchCuda(absl::string_view default_name, OpKind kind,
-                                absl::FunctionRef<int(void* cuda_stream)> enqueue) {
+                                absl::FunctionRef<int(void* cuda_stream)> enqueue,
+                                const OpCost& cost) {
   if (!is_cuda()) {
     return absl::InvalidArgumentError(
         absl::StrCat("CUDA op '", default_name, "' launched on a host stream"));
   }
 #if MLAG_HAVE_CUDA
   ++launches_;
+  const bool timed = device_profile_ != nullptr && !capturing_;
+  TimedLaunch t;
+  if (timed) MLAG_RETURN_IF_ERROR(RecordEvent(&t.start));
   const int error = enqueue(native_);
+  if (timed) {
+    absl::Status recorded = RecordEvent(&t.end);
+    OpKind unused_kind;
+    uint64_t unused_scope;
+    ResolveName(default_name, kind, &t.name, &unused_kind, &unused_scope);
+    t.cost = cost;
+    timed_.push_back(std::move(t));  // owns the events from here, even on an error
+    MLAG_RETURN_IF_ERROR(recorded);
+  }
   if (error == 0 && !capturing_) return absl::OkStatus();  // the eager path: no names built
   std::string name;
   OpKind resolved;
@@ -339,6 +354,85 @@ absl::Status Stream::LaunchCuda(absl::string_view default_name, OpKind kind,
   (void)enqueue;
   return absl::FailedPreconditionError("CUDA launch in a build without CUDA");
 #endif
+}
+
+absl::Status Stream::RecordEvent(void** event) {
+#if MLAG_HAVE_CUDA
+  cudaEvent_t e = nullptr;
+  MLAG_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
+  *event = e;
+  MLAG_CUDA_RETURN_IF_ERROR(cudaEventRecord(e, static_cast<cudaStream_t>(native_)));
+  return absl::OkStatus();
+#else
+  (void)event;
+  return absl::FailedPreconditionError("device profiling in a build without CUDA");
+#endif
+}
+
+absl::Status Stream::BeginDeviceProfile(DeviceOpProfile* profile) {
+  if (!is_cuda()) return absl::InvalidArgumentError("BeginDeviceProfile on a host stream");
+  MLAG_RETURN_IF_ERROR(RefuseDuringCapture("BeginDeviceProfile"));
+  if (device_profile_ != nullptr) {
+    return absl::FailedPreconditionError("BeginDeviceProfile: already profiling");
+  }
+  device_profile_ = profile;
+  return absl::OkStatus();
+}
+
+absl::Status Stream::RecordReplayStart() {
+  if (device_profile_ == nullptr || capturing_) return absl::OkStatus();
+  timed_.emplace_back();
+  return RecordEvent(&timed_.back().start);
+}
+
+absl::Status Stream::RecordReplayEnd() {
+  if (device_profile_ == nullptr || capturing_ || timed_.empty()) return absl::OkStatus();
+  return RecordEvent(&timed_.back().end);
+}
+
+absl::Status Stream::EndDeviceProfile() {
+  if (device_profile_ == nullptr) {
+    return absl::FailedPreconditionError("EndDeviceProfile without BeginDeviceProfile");
+  }
+  DeviceOpProfile* profile = device_profile_;
+  device_profile_ = nullptr;
+  std::vector<TimedLaunch> timed = std::move(timed_);
+  timed_.clear();
+  absl::Status status = Synchronize();
+#if MLAG_HAVE_CUDA
+  const cudaEvent_t first = timed.empty() ? nullptr : static_cast<cudaEvent_t>(timed[0].start);
+  // Seconds from the profile's first event to `e`.
+  auto since_first = [&](void* e, double* seconds) -> absl::Status {
+    float ms = 0;
+    MLAG_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, first, static_cast<cudaEvent_t>(e)));
+    *seconds = ms / 1e3;
+    return absl::OkStatus();
+  };
+  for (const TimedLaunch& t : timed) {
+    if (!status.ok()) break;
+    if (t.start == nullptr || t.end == nullptr) continue;
+    double start = 0, end = 0;
+    status = since_first(t.start, &start);
+    if (status.ok()) status = since_first(t.end, &end);
+    if (!status.ok()) break;
+    if (t.name.empty()) {
+      profile->replays.push_back({start, end});
+      continue;
+    }
+    DeviceOpProfile::Entry& e = profile->ops[t.name];
+    e.seconds += end - start;
+    e.bytes += t.cost.bytes;
+    e.flops += t.cost.flops;
+    if (e.launches == 0 || t.cost.flops > 0) e.math = t.cost.math;
+    ++e.launches;
+  }
+  for (const TimedLaunch& t : timed) {
+    // Destroying an event frees its resources; its status carries nothing to act on.
+    if (t.start != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(t.start));
+    if (t.end != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(t.end));
+  }
+#endif
+  return status;
 }
 
 absl::Status Stream::BeginCapture() {

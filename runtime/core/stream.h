@@ -38,6 +38,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "runtime/core/device.h"
+#include "runtime/core/dtype.h"
 
 namespace mlag {
 
@@ -84,6 +85,41 @@ struct HostOpProfile {
   std::map<std::string, Entry> ops;
 };
 
+// What one op costs, as its launch declares it from the shapes it is given:
+// the bytes it must move between memory and the chip (every operand read
+// once, every result written once) and its multiply-adds times two, with the
+// dtype of the operands those run on (what tensor-core peak bounds the op).
+// A part that depends on data the launch cannot see (the cached tokens an
+// attention reads, the experts a batch routes to) is left out; whoever knows
+// it adds it (mlag bench).
+struct OpCost {
+  double bytes = 0;
+  double flops = 0;
+  DType math = DType::kF32;
+};
+
+// Device time of the ops a CUDA stream ran eagerly, by node name (as
+// HostOpProfile), each launch timed by a pair of events around it, with the
+// cost its launch declared; and the graphs it replayed, each timed the same
+// way (for the GPU's idle time between consecutive replays).
+struct DeviceOpProfile {
+  struct Entry {
+    double seconds = 0;
+    double bytes = 0;
+    double flops = 0;
+    // Its first launch's, replaced by each later launch's that has flops
+    // (a linear node: the GEMM's, not its input conversion's).
+    DType math = DType::kF32;
+    int64_t launches = 0;
+  };
+  std::map<std::string, Entry> ops;
+  struct Replay {
+    double start_seconds = 0;  // from the first event of the profile
+    double end_seconds = 0;
+  };
+  std::vector<Replay> replays;
+};
+
 class Stream {
  public:
   // A new stream on `device`, which must outlive it.
@@ -106,8 +142,21 @@ class Stream {
 
   // CUDA device: `enqueue` enqueues the op's work on native() and returns
   // a cudaError_t as int. When capturing, the graph nodes it adds are tagged.
+  // `cost` is what the op moves and computes (read only while profiling).
   absl::Status LaunchCuda(absl::string_view default_name, OpKind kind,
-                          absl::FunctionRef<int(void* cuda_stream)> enqueue);
+                          absl::FunctionRef<int(void* cuda_stream)> enqueue,
+                          const OpCost& cost = {});
+
+  // CUDA: from Begin to End, every eager launch and every graph replay on
+  // the stream is timed by events (`mlag bench --profile`); End waits for
+  // the stream and adds the times to `profile`. Not during a capture.
+  // Timing each launch separates launches the GPU would overlap, and adds
+  // an event's cost to each: the figures are per-op upper bounds.
+  absl::Status BeginDeviceProfile(DeviceOpProfile* profile);
+  absl::Status EndDeviceProfile();
+  // Called by a CUDA graph's Replay around its launch while profiling.
+  absl::Status RecordReplayStart();
+  absl::Status RecordReplayEnd();
 
   absl::Status BeginCapture();
   absl::StatusOr<std::unique_ptr<Graph>> EndCapture();
@@ -173,6 +222,16 @@ class Stream {
   std::vector<std::pair<const void*, std::shared_ptr<void>>> attachments_;
   uint64_t launches_ = 0;
   HostOpProfile* host_profile_ = nullptr;
+  // Device profiling (BeginDeviceProfile): one timed launch or replay.
+  struct TimedLaunch {
+    std::string name;  // empty: a graph replay
+    OpCost cost;
+    void* start = nullptr;  // cudaEvent_t
+    void* end = nullptr;
+  };
+  absl::Status RecordEvent(void** event);
+  DeviceOpProfile* device_profile_ = nullptr;
+  std::vector<TimedLaunch> timed_;
   uint64_t next_scope_id_ = 1;
   std::vector<Scope> scopes_;
   std::unique_ptr<CaptureState> capture_;

@@ -11,6 +11,10 @@
 
 namespace mlag {
 
+DType DefaultKvCacheDtype(const Device& device) {
+  return device.is_cuda() ? DType::kBF16 : DType::kF32;
+}
+
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   std::unique_ptr<Engine> e(new Engine());
   e->options_ = options;
@@ -47,11 +51,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
         absl::StrCat("max_model_len ", e->max_model_len_, " exceeds the model's ",
                      "max_position_embeddings ", mc.max_position_embeddings));
   }
-  // auto: the activations' dtype (f32), on every device: the cache holds the
-  // latents exactly as computed, and a request's tokens do not depend on the
-  // device. bf16 halves the cache and lets CUDA decode on tensor cores, at
-  // the price of a rounding that can flip a near-tied token.
-  DType kv_dtype = DType::kF32;
+  DType kv_dtype = DefaultKvCacheDtype(*e->device_);
   if (options.kv_cache_dtype != "auto") {
     MLAG_ASSIGN_OR_RETURN(kv_dtype, ParseDType(options.kv_cache_dtype));
     if (kv_dtype != DType::kF32 && kv_dtype != DType::kBF16) {

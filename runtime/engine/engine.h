@@ -31,12 +31,20 @@
 
 namespace mlag {
 
+// The KV cache dtype "auto" means on `device`: bf16 on CUDA (half the cache's
+// bytes, and what the tensor-core decode kernel reads), f32 on the host (the
+// activations' dtype: the cache holds the latents exactly as computed, so a
+// request's tokens are those of the reference forward). bf16 rounds each
+// cached latent once, which can flip a near-tied token: pass f32 to compare
+// CUDA's tokens with the host's.
+DType DefaultKvCacheDtype(const Device& device);
+
 struct EngineOptions {
   std::string model = "tiny-v3";  // built-in name or checkpoint directory
   std::string device = "auto";    // auto, host, cuda, cuda:N
   size_t kv_cache_bytes = size_t{256} << 20;
-  // KV cache element type: "auto" (f32, the activations' dtype, on every
-  // device), "f32" or "bf16".
+  // KV cache element type: "auto" (DefaultKvCacheDtype: bf16 on CUDA, f32
+  // on the host), "f32" or "bf16".
   std::string kv_cache_dtype = "auto";
   // How projection weights are held: "auto" (as the checkpoint stores them:
   // bf16 and fp8 kept, anything else f32), "f32", "bf16" or "fp8" (e4m3 with
