@@ -43,13 +43,18 @@ absl::Status Sample(Stream& stream, const Tensor& logits, const Tensor& temperat
   }
   if (stream.is_cuda()) {
 #if MLAG_HAVE_CUDA
-    return stream.LaunchCuda("sample", OpKind::kKernel, [&](void* s) {
-      return static_cast<int>(cuda::LaunchSample(
-          logits.data_as<const float>(), B, V, logits.stride(0), temperature.data_as<const float>(),
-          top_k.data_as<const int32_t>(), top_p.data_as<const float>(),
-          seeds.data_as<const int64_t>(), steps.data_as<const int64_t>(),
-          out_tokens.data_as<int32_t>(), static_cast<cudaStream_t>(s)));
-    });
+    // Cost: the byte floor, one read of the logits (top-k/top-p rows read theirs again).
+    return stream.LaunchCuda(
+        "sample", OpKind::kKernel,
+        [&](void* s) {
+          return static_cast<int>(
+              cuda::LaunchSample(logits.data_as<const float>(), B, V, logits.stride(0),
+                                 temperature.data_as<const float>(), top_k.data_as<const int32_t>(),
+                                 top_p.data_as<const float>(), seeds.data_as<const int64_t>(),
+                                 steps.data_as<const int64_t>(), out_tokens.data_as<int32_t>(),
+                                 static_cast<cudaStream_t>(s)));
+        },
+        MovedBytes({&logits, &temperature, &top_k, &top_p, &seeds, &steps, &out_tokens}));
 #endif
   }
   return stream.LaunchHost(
@@ -57,6 +62,58 @@ absl::Status Sample(Stream& stream, const Tensor& logits, const Tensor& temperat
         host::Sample(logits, temperature, top_k, top_p, seeds, steps, out_tokens);
         return absl::OkStatus();
       });
+}
+
+absl::Status TopLogprobs(Stream& stream, const Tensor& logits, const Tensor& k,
+                         const Tensor& out_tokens, const Tensor& out_logprobs) {
+  MLAG_RETURN_IF_ERROR(CheckOnStream(stream, logits, "logits"));
+  MLAG_RETURN_IF_ERROR(CheckDType(logits, "logits", {DType::kF32}));
+  MLAG_RETURN_IF_ERROR(CheckShape(logits, "logits", {-1, -1}));
+  MLAG_RETURN_IF_ERROR(CheckRowMajor(logits, "logits"));
+  const int64_t B = logits.size(0);
+  const int64_t V = logits.size(1);
+  if (V <= 0 || V > 0x7fffffff) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logits: vocabulary size must be in [1, 2^31), got ", V));
+  }
+  MLAG_RETURN_IF_ERROR(CheckOnStream(stream, k, "k"));
+  MLAG_RETURN_IF_ERROR(CheckDType(k, "k", {DType::kI32}));
+  MLAG_RETURN_IF_ERROR(CheckShape(k, "k", {B}));
+  MLAG_RETURN_IF_ERROR(CheckContiguous(k, "k"));
+  MLAG_RETURN_IF_ERROR(CheckOnStream(stream, out_tokens, "out_tokens"));
+  MLAG_RETURN_IF_ERROR(CheckDType(out_tokens, "out_tokens", {DType::kI32}));
+  MLAG_RETURN_IF_ERROR(CheckShape(out_tokens, "out_tokens", {B, -1}));
+  MLAG_RETURN_IF_ERROR(CheckRowMajor(out_tokens, "out_tokens"));
+  const int64_t K = out_tokens.size(1);
+  MLAG_RETURN_IF_ERROR(CheckOnStream(stream, out_logprobs, "out_logprobs"));
+  MLAG_RETURN_IF_ERROR(CheckDType(out_logprobs, "out_logprobs", {DType::kF32}));
+  MLAG_RETURN_IF_ERROR(CheckShape(out_logprobs, "out_logprobs", {B, K}));
+  MLAG_RETURN_IF_ERROR(CheckRowMajor(out_logprobs, "out_logprobs"));
+  if (K > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top log-probabilities: ", K, " columns, at most ", kMaxTopLogprobs));
+  }
+  if (B == 0 || K == 0) return absl::OkStatus();
+  if (stream.is_cuda()) {
+#if MLAG_HAVE_CUDA
+    static_assert(kMaxTopLogprobs == cuda::kTopLogprobsMaxCols, "one limit for both backends");
+    // Cost: the byte floor, one read of the logits (the radix passes read a row about six
+    // times, mostly from L2).
+    return stream.LaunchCuda(
+        "top_logprobs", OpKind::kKernel,
+        [&](void* s) {
+          return static_cast<int>(cuda::LaunchTopLogprobs(
+              logits.data_as<const float>(), B, V, logits.stride(0), k.data_as<const int32_t>(), K,
+              out_tokens.data_as<int32_t>(), out_tokens.stride(0), out_logprobs.data_as<float>(),
+              out_logprobs.stride(0), static_cast<cudaStream_t>(s)));
+        },
+        MovedBytes({&logits, &k, &out_tokens, &out_logprobs}));
+#endif
+  }
+  return stream.LaunchHost("top_logprobs", OpKind::kKernel, [logits, k, out_tokens, out_logprobs] {
+    host::TopLogprobsRows(logits, k, out_tokens, out_logprobs);
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace mlag

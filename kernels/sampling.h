@@ -24,4 +24,23 @@ absl::Status Sample(Stream& stream, const Tensor& logits, const Tensor& temperat
                     const Tensor& top_k, const Tensor& top_p, const Tensor& seeds,
                     const Tensor& steps, const Tensor& out_tokens);
 
+// The most columns TopLogprobs writes per row: the CUDA kernel holds a row's
+// candidates in shared memory. Callers wanting more use host::TopLogprobs.
+constexpr int kMaxTopLogprobs = 64;
+
+// For every row b, the k_b = clamp(k[b], 0, min(K, V)) most likely tokens of
+// softmax(logits[b]) and their log-probabilities, as host::TopLogprobs gives
+// them: most likely first, the lower id first among equal logits;
+// log-softmax in double (max-shifted log-sum-exp) rounded once to f32. The
+// backends differ only in the order of the double sum of exponentials (a
+// float ulp or two). Columns [k_b, K) get token -1 and logprob -inf.
+// A row holding NaN gets NaN log-probabilities; the order of its tokens is
+// then unspecified.
+//   logits: f32 [B, V] row-major; k: i32 [B] contiguous;
+//   out_tokens: i32 [B, K] and out_logprobs: f32 [B, K], row-major,
+//   0 <= K <= kMaxTopLogprobs.
+// On CUDA: one block per row, no scratch memory, capturable into a graph.
+absl::Status TopLogprobs(Stream& stream, const Tensor& logits, const Tensor& k,
+                         const Tensor& out_tokens, const Tensor& out_logprobs);
+
 }  // namespace mlag

@@ -261,6 +261,109 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) out_tokens[b] = static_cast<int32_t>(SampleIdFromRankKey(pick));
 }
 
+// ---- Top log-probabilities -------------------------------------------------
+//
+// One 512-thread block per row, in passes over the row:
+//   1. the top-ranked token: its logit is the row's maximum (NaN excluded);
+//   2. the sum of exp(logit - max) in double: the log-sum-exp;
+//   3. the rank key of the k-th token, by FindCrossing's radix descent over
+//      counts (three histogram passes, and part of a fourth when the k-th
+//      token shares its logit with tokens on both sides of it); skipped for
+//      k = 1 (the top token) and k = V (every token);
+//   4. the k tokens ranked at or above it (rank keys are unique, so exactly
+//      k) into shared memory, then each one's place by counting the keys
+//      above it (k <= 64: 64 comparisons per thread).
+// Cost per row: 6 reads of the row, 7 at worst, whatever k is (3 for k = 1
+// or k = V); for V = 129280 that is 6 x 517 KB = 3.1 MB, the first from HBM
+// and the others from L2 when the row stays there. A batch of 256 rows is one wave at two resident
+// blocks per SM on 132 SMs; its 132 MB of logits exceed the 50 MB L2, so at
+// worst every pass comes from HBM: 256 x 3.6 MB = 0.93 GB, about 0.2 ms at
+// 4.8 TB/s, where copying the rows to the host moved the same 132 MB over
+// PCIe into pageable memory.
+
+using BlockReduceF64 = cub::BlockReduce<double, kThreads>;
+
+struct TopLogprobsShared {
+  SharedState search;  // FindCrossing's
+  union {
+    typename BlockReduceU64::TempStorage max;
+    typename BlockReduceF64::TempStorage sum;
+  } reduce;
+  u64 best;                       // the top-ranked token's rank key
+  double log_sum_exp;             // of the row, in double
+  unsigned int found;             // keys collected so far
+  u64 keys[kTopLogprobsMaxCols];  // the top k rank keys, in no order
+};
+
+__global__ void __launch_bounds__(kThreads)
+    TopLogprobsKernel(const float* logits, int vocab, int64_t row_stride, const int32_t* ks,
+                      int k_cols, int32_t* out_tokens, int64_t tokens_row_stride,
+                      float* out_logprobs, int64_t logprobs_row_stride) {
+  __shared__ TopLogprobsShared s;
+  const int64_t b = blockIdx.x;
+  const unsigned int tid = threadIdx.x;
+  const float* l = logits + b * row_stride;
+  int32_t* tokens = out_tokens + b * tokens_row_stride;
+  float* logprobs = out_logprobs + b * logprobs_row_stride;
+  const int k_limit = k_cols < vocab ? k_cols : vocab;
+  const int k_asked = ks[b];
+  const int k = k_asked < 0 ? 0 : (k_asked > k_limit ? k_limit : k_asked);
+  for (int i = k + static_cast<int>(tid); i < k_cols; i += kThreads) {
+    tokens[i] = -1;
+    logprobs[i] = -INFINITY;
+  }
+  if (k == 0) return;
+  const unsigned int V = static_cast<unsigned int>(vocab);  // < 2^31: v + kThreads never wraps
+
+  u64 best = 0;
+  for (unsigned int v = tid; v < V; v += kThreads) {
+    const u64 key = SampleRankKey(SampleOrderKey(l[v]), v);
+    best = key > best ? key : best;
+  }
+  best = BlockReduceU64(s.reduce.max).Reduce(best, MaxOp());
+  if (tid == 0) s.best = best;
+  __syncthreads();
+  best = s.best;
+  // As host::TopLogprobs: max, then the sum of exp(logit - max), in double.
+  const double max_logit = SampleLogitFromKey(SampleOrderKeyFromRankKey(best));
+  double sum = 0.0;
+  for (unsigned int v = tid; v < V; v += kThreads) {
+    sum += exp(static_cast<double>(l[v]) - max_logit);
+  }
+  sum = BlockReduceF64(s.reduce.sum).Sum(sum);
+  if (tid == 0) {
+    s.log_sum_exp = max_logit + log(sum);
+    s.found = 0;
+  }
+  __syncthreads();
+
+  u64 cut = 0;  // k = V: every token
+  if (k == 1) {
+    cut = best;
+  } else if (k < vocab) {
+    RowContext row;  // FindCrossing reads only logits and vocab when counting
+    row.logits = l;
+    row.vocab = V;
+    row.max_logit = 0.0f;
+    row.inv_temperature = 0.0;
+    row.shift = 0;
+    cut = FindCrossing<false>(s.search, row, 0, Need::kCount, static_cast<u64>(k), 0.0f);
+  }
+  for (unsigned int v = tid; v < V; v += kThreads) {
+    const u64 key = SampleRankKey(SampleOrderKey(l[v]), v);
+    if (key >= cut) s.keys[atomicAdd(&s.found, 1u)] = key;
+  }
+  __syncthreads();
+  if (static_cast<int>(tid) < k) {
+    const u64 key = s.keys[tid];
+    int place = 0;
+    for (int j = 0; j < k; ++j) place += s.keys[j] > key ? 1 : 0;
+    const unsigned int id = SampleIdFromRankKey(key);
+    tokens[place] = static_cast<int32_t>(id);
+    logprobs[place] = static_cast<float>(static_cast<double>(l[id]) - s.log_sum_exp);
+  }
+}
+
 }  // namespace
 
 cudaError_t LaunchSample(const float* logits, int64_t B, int64_t V, int64_t logits_row_stride,
@@ -272,6 +375,21 @@ cudaError_t LaunchSample(const float* logits, int64_t B, int64_t V, int64_t logi
   MLAG_LAUNCH(SampleKernel, static_cast<unsigned int>(B), kThreads, 0, stream)
   (logits, static_cast<int>(V), logits_row_stride, temperature, top_k, top_p, seeds, steps,
    out_tokens);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchTopLogprobs(const float* logits, int64_t B, int64_t V, int64_t logits_row_stride,
+                              const int32_t* k, int64_t k_cols, int32_t* out_tokens,
+                              int64_t tokens_row_stride, float* out_logprobs,
+                              int64_t logprobs_row_stride, cudaStream_t stream) {
+  if (B == 0) return cudaSuccess;
+  if (B < 0 || B > 0x7fffffff || V < 1 || V > 0x7fffffff || k_cols < 1 ||
+      k_cols > kTopLogprobsMaxCols) {
+    return cudaErrorInvalidValue;
+  }
+  MLAG_LAUNCH(TopLogprobsKernel, static_cast<unsigned int>(B), kThreads, 0, stream)
+  (logits, static_cast<int>(V), logits_row_stride, k, static_cast<int>(k_cols), out_tokens,
+   tokens_row_stride, out_logprobs, logprobs_row_stride);
   return cudaGetLastError();
 }
 

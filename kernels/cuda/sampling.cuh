@@ -20,4 +20,23 @@ cudaError_t LaunchSample(const float* logits, int64_t B, int64_t V, int64_t logi
                          const int64_t* seeds, const int64_t* steps, int32_t* out_tokens,
                          cudaStream_t stream);
 
+// The most columns LaunchTopLogprobs writes per row (kernels/sampling.h's
+// kMaxTopLogprobs).
+constexpr int kTopLogprobsMaxCols = 64;
+
+// The top k_b = clamp(k[b], 0, min(k_cols, V)) tokens of each row and their
+// log-probabilities, exactly as host::TopLogprobs ranks them (logit
+// descending, lower id first on ties), log-softmax computed in double and
+// rounded once to f32; columns [k_b, k_cols) get token -1 and logprob -inf.
+//   logits: f32 [B, V], row r at logits + r * logits_row_stride (elements);
+//   k: i32 [B] contiguous; out_tokens i32 and out_logprobs f32 [B, k_cols],
+//   row r at r * their row stride; device memory.
+// 1 <= V < 2^31, 1 <= k_cols <= kTopLogprobsMaxCols. One block per row; no
+// scratch memory, no host reads of device memory, no synchronisation:
+// capturable into a CUDA graph.
+cudaError_t LaunchTopLogprobs(const float* logits, int64_t B, int64_t V, int64_t logits_row_stride,
+                              const int32_t* k, int64_t k_cols, int32_t* out_tokens,
+                              int64_t tokens_row_stride, float* out_logprobs,
+                              int64_t logprobs_row_stride, cudaStream_t stream);
+
 }  // namespace mlag::cuda

@@ -118,4 +118,20 @@ int TopLogprobs(const float* logits, int vocab, int k, int32_t* tokens, float* l
   return k;
 }
 
+void TopLogprobsRows(const Tensor& logits, const Tensor& k, const Tensor& out_tokens,
+                     const Tensor& out_logprobs) {
+  const int64_t B = logits.size(0);
+  const int V = static_cast<int>(logits.size(1));
+  const int cols = static_cast<int>(out_tokens.size(1));
+  const int32_t* ks = k.data_as<const int32_t>();
+  ParallelForDynamic(B, [&](int64_t b) {
+    int32_t* tokens = out_tokens.data_as<int32_t>() + b * out_tokens.stride(0);
+    float* logprobs = out_logprobs.data_as<float>() + b * out_logprobs.stride(0);
+    const int n = TopLogprobs(logits.data_as<const float>() + b * logits.stride(0), V,
+                              std::min(ks[b], cols), tokens, logprobs);
+    std::fill(tokens + n, tokens + cols, -1);
+    std::fill(logprobs + n, logprobs + cols, -INFINITY);
+  });
+}
+
 }  // namespace mlag::host

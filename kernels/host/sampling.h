@@ -19,4 +19,10 @@ void Sample(const Tensor& logits, const Tensor& temperature, const Tensor& top_k
 // `tokens` and `logprobs` (each with room for k entries).
 int TopLogprobs(const float* logits, int vocab, int k, int32_t* tokens, float* logprobs);
 
+// TopLogprobs of every row of `logits` [B, V], k[b] clamped to out_tokens'
+// K columns, into out_tokens [B, K] and out_logprobs [B, K]; columns past a
+// row's count get token -1 and logprob -inf (kernels/sampling.h).
+void TopLogprobsRows(const Tensor& logits, const Tensor& k, const Tensor& out_tokens,
+                     const Tensor& out_logprobs);
+
 }  // namespace mlag::host

@@ -117,6 +117,7 @@ absl::Status ModelRunner::Init(ModelSource& source) {
       {&top_p_, &staged_.top_p, DType::kF32, {S}},
       {&seeds_, &staged_.seeds, DType::kI64, {S}},
       {&steps_, &staged_.steps, DType::kI64, {S}},
+      {&logprobs_k_, &staged_.logprobs_k, DType::kI32, {S}},
       // Last, and by far the largest: a step uploads only its own rows.
       {&block_table_, &staged_.block_table, DType::kI32, {S, max_blocks_per_seq_}},
   };
@@ -144,6 +145,11 @@ absl::Status ModelRunner::Init(ModelSource& source) {
   sampled_ = sampled.AsTensor(DType::kI32, {S});
   buffers_.push_back(std::move(sampled));
   MLAG_ASSIGN_OR_RETURN(sampled_host_, device_->AllocatePinned(S * sizeof(int32_t)));
+  if (stream_->is_cuda()) {
+    const size_t bytes = size_t{2} * c.max_num_seqs * kMaxTopLogprobs * sizeof(int32_t);
+    MLAG_ASSIGN_OR_RETURN(top_logprobs_, device_->Allocate(bytes));
+    MLAG_ASSIGN_OR_RETURN(top_logprobs_host_, device_->AllocatePinned(bytes));
+  }
   return stream_->Synchronize();
 }
 
@@ -209,8 +215,9 @@ absl::StatusOr<ModelRunner::Staging> ModelRunner::BeginStaging(int rows, int seq
   st.top_p = staged_.top_p.data_as<float>();
   st.seeds = staged_.seeds.data_as<int64_t>();
   st.steps = staged_.steps.data_as<int64_t>();
+  st.logprobs_k = staged_.logprobs_k.data_as<int32_t>();
   // Dummy values in the rows this step uses: token 0, position 0, slot -1,
-  // null blocks, seq_len 0, greedy sampling.
+  // null blocks, seq_len 0, greedy sampling, no log-probabilities.
   std::fill_n(st.ids, rows, 0);
   std::fill_n(st.positions, rows, 0);
   std::fill_n(st.slots, rows, int64_t{-1});
@@ -223,6 +230,7 @@ absl::StatusOr<ModelRunner::Staging> ModelRunner::BeginStaging(int rows, int seq
   std::fill_n(st.top_p, seqs, 1.0f);
   std::fill_n(st.seeds, seqs, int64_t{0});
   std::fill_n(st.steps, seqs, int64_t{0});
+  std::fill_n(st.logprobs_k, seqs, 0);
   return st;
 }
 
@@ -379,6 +387,15 @@ absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> s
 
   MLAG_ASSIGN_OR_RETURN(Staging st, BeginStaging(rows, seq_rows));
   const int bs = config_.block_size, mb = max_blocks_per_seq_;
+  // On CUDA the top log-probabilities of rows asking for at most
+  // kMaxTopLogprobs come from the device, K columns per row; other rows copy
+  // their logits to the host.
+  const int V = model_->config().vocab_size;
+  auto logprobs_k = [&](const StepSequence& s) {
+    return s.sample ? std::max(0, std::min(s.sampling.logprobs, V)) : 0;
+  };
+  auto on_device = [&](int k) { return stream_->is_cuda() && k <= kMaxTopLogprobs; };
+  int K = 0;
   int t = 0;
   for (int b = 0; b < B; ++b) {
     const StepSequence& s = seqs[b];
@@ -405,6 +422,9 @@ absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> s
     st.top_p[b] = s.sampling.top_p;
     st.seeds[b] = static_cast<int64_t>(s.sampling.seed);
     st.steps[b] = s.output_index;
+    const int k = logprobs_k(s);
+    st.logprobs_k[b] = on_device(k) ? k : 0;
+    K = std::max(K, st.logprobs_k[b]);
   }
   // Padding (decode plans): dummy tokens, one per padded sequence. Mixed plans
   // pad with token rows of no sequence (already dummy in the staging).
@@ -428,19 +448,38 @@ absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> s
   const int32_t* sampled = static_cast<const int32_t*>(sampled_host_.data());
   MLAG_RETURN_IF_ERROR(
       stream_->CopyToHost(sampled_host_.data(), sampled_.data(), B * sizeof(int32_t)));
+  // Tokens [B, K] then logprobs [B, K], contiguous: one copy back.
+  const int64_t top_count = int64_t{B} * K;
+  if (K > 0) {
+    int32_t* out = static_cast<int32_t*>(top_logprobs_.data());
+    const Tensor out_tokens(out, DType::kI32, {B, K}, device_->kind());
+    const Tensor out_logprobs(out + top_count, DType::kF32, {B, K}, device_->kind());
+    MLAG_RETURN_IF_ERROR(TopLogprobs(*stream_, Rows(model_->logits(seq_rows), B),
+                                     Rows(logprobs_k_, B), out_tokens, out_logprobs));
+    MLAG_RETURN_IF_ERROR(stream_->CopyToHost(top_logprobs_host_.data(), top_logprobs_.data(),
+                                             2 * top_count * sizeof(int32_t)));
+  }
   MLAG_RETURN_IF_ERROR(stream_->Synchronize());
   upload_pending_ = false;
   result.tokens.assign(B, -1);
   result.logprobs.resize(B);
-  const int V = model_->config().vocab_size;
+  const int32_t* device_tokens = static_cast<const int32_t*>(top_logprobs_host_.data());
+  const float* device_logprobs = reinterpret_cast<const float*>(device_tokens + top_count);
   std::vector<float> row, top_logprobs;
   std::vector<int32_t> top_tokens;
   for (int b = 0; b < B; ++b) {
     if (!seqs[b].sample) continue;
     result.tokens[b] = sampled[b];
-    const int k = std::min(seqs[b].sampling.logprobs, V);
+    const int k = logprobs_k(seqs[b]);
     if (k <= 0) continue;
     // Top-k log-probabilities of the model's distribution at this position.
+    if (on_device(k)) {
+      for (int i = 0; i < k; ++i) {
+        const int64_t at = int64_t{b} * K + i;
+        result.logprobs[b].push_back({device_tokens[at], device_logprobs[at]});
+      }
+      continue;
+    }
     row.resize(V);
     MLAG_RETURN_IF_ERROR(stream_->CopyToHost(
         row.data(), static_cast<const float*>(model_->logits(seq_rows).data()) + int64_t{b} * V,

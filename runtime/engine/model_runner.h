@@ -168,14 +168,14 @@ class ModelRunner {
   AttentionMetadata Metadata(int num_tokens, int num_seqs, bool decode_only) const;
   // The static inputs of one step, written in the pinned staging buffer.
   struct Staging {
-    int32_t *ids, *positions, *block_table, *seq_lens, *qsl, *logits_idx, *top_k;
+    int32_t *ids, *positions, *block_table, *seq_lens, *qsl, *logits_idx, *top_k, *logprobs_k;
     int64_t *slots, *seeds, *steps;
     float *temperature, *top_p;
   };
   // Views of the staging buffer, one per static input buffer.
   struct StagedInputs {
     Tensor input_ids, positions, slot_mapping, block_table, seq_lens, query_start_loc,
-        logits_indices, temperature, top_k, top_p, seeds, steps;
+        logits_indices, temperature, top_k, top_p, seeds, steps, logprobs_k;
   };
   // The staging buffer, with dummy values in `rows` token rows and `seqs`
   // sequence rows; waits for the previous upload from it first.
@@ -206,10 +206,15 @@ class ModelRunner {
   size_t block_table_offset_ = 0;  // of the block table, the last field, in inputs_
   bool upload_pending_ = false;    // an upload from staging_ may still be queued
   Buffer sampled_host_;            // pinned [max_seq_rows] i32: the sampled tokens
+  // CUDA only: the step's top log-probabilities, tokens i32 [B, K] then
+  // logprobs f32 [B, K] (K the step's largest k), on the device and pinned on
+  // the host; room for max_num_seqs * kMaxTopLogprobs of each.
+  Buffer top_logprobs_, top_logprobs_host_;
   // Static input buffers.
   Tensor input_ids_, positions_, slot_mapping_;                       // [max_rows]
   Tensor block_table_, seq_lens_, query_start_loc_, logits_indices_;  // per sequence
   Tensor temperature_, top_k_, top_p_, seeds_, steps_, sampled_;      // per sequence
+  Tensor logprobs_k_;  // per sequence: k of the device's top log-probabilities (0: none)
   std::map<int, std::unique_ptr<Graph>> graphs_;
   std::vector<std::vector<char>> saved_metadata_;
   RunnerStats stats_;

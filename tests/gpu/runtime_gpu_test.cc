@@ -1,16 +1,22 @@
-// The runtime on a GPU: CUDA graph replay against eager execution, dummy
-// replays against live KV pages, and expert-parallel reconfiguration over
+// The runtime on a GPU: CUDA graph replay against eager execution, top
+// log-probabilities against the host's on the same logits, dummy replays
+// against live KV pages, and expert-parallel reconfiguration over
 // NCCL when several GPUs are present. Compiled always; skipped without a
 // device.
+#include <cmath>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <random>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/host/sampling.h"
+#include "kernels/sampling.h"
 #include "mlag_config.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/expert_parallel.h"
@@ -53,7 +59,9 @@ std::vector<RequestSpec> Requests(int n, int vocab, uint32_t seed) {
 }
 
 struct Record {
+  std::vector<RequestId> ids;
   std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<std::vector<TokenLogprob>>> logprobs;  // per request, per token
   std::map<std::pair<int64_t, int>, std::vector<float>> logits;
 };
 
@@ -79,7 +87,11 @@ Record RunAll(Engine& engine, const std::vector<RequestSpec>& specs) {
       rec.logits[{id, engine.request(id)->num_output_tokens() - 1}] = row;
     }
   }
-  for (RequestId id : ids) rec.tokens.push_back(engine.request(id)->output_tokens());
+  for (RequestId id : ids) {
+    rec.tokens.push_back(engine.request(id)->output_tokens());
+    rec.logprobs.push_back(engine.request(id)->logprobs);
+  }
+  rec.ids = ids;
   return rec;
 }
 
@@ -112,6 +124,46 @@ TEST_F(RuntimeGpuTest, CudaGraphReplayMatchesEagerBitForBit) {
     }
   }
   EXPECT_TRUE(found);
+}
+
+// Top log-probabilities on the GPU: rows asking for at most kMaxTopLogprobs
+// come from the device kernel, larger ones from a copy of the row, in the
+// same batches. Either way they must be host::TopLogprobs of the logits the
+// step produced: the same tokens, log-probabilities within a float ulp or
+// two (the double sum's order differs).
+TEST_F(RuntimeGpuTest, TopLogprobsAreTheHostsOnTheSameLogits) {
+  auto engine = Engine::Create(GpuOptions(GraphMode::kFullDecode));
+  ASSERT_OK(engine);
+  const int V = (*engine)->config().vocab_size;
+  ASSERT_GT(V, kMaxTopLogprobs + 1);
+  const int ks[] = {0, 1, 5, 20, kMaxTopLogprobs, kMaxTopLogprobs + 1, V};
+  std::vector<RequestSpec> specs = Requests(14, V, 5);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    specs[i].sampling.logprobs = ks[i % std::size(ks)];
+    if (i % 3 == 1) specs[i].sampling.temperature = 0.8f;
+  }
+  const Record rec = RunAll(**engine, specs);
+  int64_t compared = 0;
+  std::vector<int32_t> tokens(V);
+  std::vector<float> logprobs(V);
+  for (size_t r = 0; r < specs.size(); ++r) {
+    SCOPED_TRACE(absl::StrCat("request ", r, ", logprobs ", specs[r].sampling.logprobs));
+    const int k = specs[r].sampling.logprobs;
+    ASSERT_EQ(rec.logprobs[r].size(), k > 0 ? rec.tokens[r].size() : 0u);
+    for (size_t t = 0; t < rec.logprobs[r].size(); ++t) {
+      const std::vector<float>& row = rec.logits.at({rec.ids[r], static_cast<int>(t)});
+      ASSERT_EQ(host::TopLogprobs(row.data(), V, k, tokens.data(), logprobs.data()), k);
+      const std::vector<TokenLogprob>& got = rec.logprobs[r][t];
+      ASSERT_EQ(got.size(), static_cast<size_t>(k));
+      for (int i = 0; i < k; ++i) {
+        ASSERT_EQ(got[i].token, tokens[i]) << "token " << t << " rank " << i;
+        EXPECT_NEAR(got[i].logprob, logprobs[i], std::ldexp(std::abs(logprobs[i]), -22) + 1e-12)
+            << "token " << t << " rank " << i;
+        ++compared;
+      }
+    }
+  }
+  EXPECT_GT(compared, 0);
 }
 
 TEST_F(RuntimeGpuTest, DummyReplaysLeaveEveryKvPageUnchanged) {

@@ -1,4 +1,5 @@
-// Cases of Sample (kernels/sampling.h): every token exact on every backend.
+// Cases of Sample and TopLogprobs (kernels/sampling.h): every token exact on
+// every backend.
 //
 // The sampling rule is kernels/common/sampling_math.h's: tokens ranked by
 // logit (higher first, the lower id among equal logits, NaN below -inf, -0
@@ -372,6 +373,106 @@ void AdversarialCase(Context& ctx, int64_t B, int64_t V) {
   }
 }
 
+// ---- Top log-probabilities ---------------------------------------------------------------
+
+// The `k` most likely tokens of row `l` [V] (k already clamped to [0, V]):
+// ids by logit descending, the lower id first among equal logits (-0 equal
+// to +0); log-softmax in double, unrounded.
+struct RefTop {
+  std::vector<int32_t> tokens;
+  std::vector<double> logprobs;
+  double log_sum_exp = 0.0;
+};
+
+RefTop RefTopLogprobs(const float* l, int64_t V, int64_t k) {
+  std::vector<int32_t> order(Index(V));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return l[a] > l[b]; });
+  double max_logit = -std::numeric_limits<double>::infinity();
+  for (int64_t v = 0; v < V; ++v) max_logit = std::max(max_logit, double{l[v]});
+  double sum = 0.0;
+  for (int64_t v = 0; v < V; ++v) sum += std::exp(double{l[v]} - max_logit);
+  RefTop ref;
+  ref.log_sum_exp = max_logit + std::log(sum);
+  for (int64_t i = 0; i < k; ++i) {
+    ref.tokens.push_back(order[Index(i)]);
+    ref.logprobs.push_back(double{l[order[Index(i)]]} - ref.log_sum_exp);
+  }
+  return ref;
+}
+
+// Rows of `V` logits, row r of kind r % 9, each with its own k.
+std::vector<float> TopLogprobsRow(std::mt19937& rng, int64_t V, int kind) {
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> l(Index(V));
+  for (float& x : l) {
+    x = normal(rng);
+    if (kind == 1) x = std::round(x * 2.0f) / 2.0f;    // heavy ties
+    if (kind == 2) x = static_cast<float>(rng() % 3);  // three levels: k-th inside a tie
+    if (kind == 3 && rng() % 4 == 0) x = rng() % 2 ? -kInf : -1e30f;  // masked, very negative
+    if (kind == 4) x = 0.25f;                                         // one level
+    if (kind == 5) x = -kInf;                                         // no finite logit: NaN
+    if (kind == 6) x = rng() % 3 == 0 ? (rng() % 2 ? 0.0f : -0.0f) : -std::abs(x);
+    if (kind == 7) x *= 1000.0f;  // large magnitudes
+  }
+  if (kind == 8) l[Index(static_cast<int64_t>(rng() % static_cast<uint32_t>(V)))] = 60.0f;
+  return l;  // kind 8: one token holds nearly all the mass, logprob ~ -1e-20
+}
+
+// TopLogprobs over `B` rows of V logits into K columns, row r asking for
+// ks[r % size]: every token exactly the reference's, every logprob within a
+// float ulp of the reference plus what a double log-sum-exp may be off by
+// (its sum's rounding in any order of addition is below V * 2^-53 relative,
+// an absolute error in its log; the log and the add round too).
+void TopLogprobsCase(Context& ctx, int64_t B, int64_t V, int64_t K, std::vector<int32_t> ks) {
+  std::mt19937 rng(ctx.NextSeed());
+  Buf& logits = ctx.Make("logits", DType::kF32, {B, V}, 3, 2, 1);
+  ctx.Randomize(logits);  // the padding too
+  std::vector<std::vector<float>> rows;
+  for (int64_t r = 0; r < B; ++r) {
+    rows.push_back(TopLogprobsRow(rng, V, static_cast<int>(r % 9)));
+    std::copy(rows.back().begin(), rows.back().end(),
+              logits.HostData<float>() + r * logits.strides[0]);
+  }
+  ctx.Upload(logits);
+  Buf& k = ctx.Make("k", DType::kI32, {B}, 0, 1, 2);
+  for (int64_t r = 0; r < B; ++r) k.HostData<int32_t>()[r] = ks[Index(r) % ks.size()];
+  ctx.Upload(k);
+  Buf& tokens = ctx.Output("tokens", DType::kI32, {B, K}, 2, 1, 3);
+  Buf& logprobs = ctx.Output("logprobs", DType::kF32, {B, K}, 1, 3, 2);
+  ctx.RunOp({&tokens, &logprobs},
+            [&](Stream& s) { return TopLogprobs(s, logits.t, k.t, tokens.t, logprobs.t); });
+
+  std::vector<int64_t> want_tokens;
+  std::vector<double> want_logprobs, bound;
+  for (int64_t r = 0; r < B; ++r) {
+    const int64_t n = std::clamp<int64_t>(ks[Index(r) % ks.size()], 0, std::min(K, V));
+    const RefTop ref = RefTopLogprobs(rows[Index(r)].data(), V, n);
+    const double lse_error =
+        static_cast<double>(V + 8) * std::ldexp(1.0 + std::abs(ref.log_sum_exp), -53);
+    for (int64_t i = 0; i < K; ++i) {
+      want_tokens.push_back(i < n ? ref.tokens[Index(i)] : -1);
+      const double want = i < n ? ref.logprobs[Index(i)] : -kInf;
+      want_logprobs.push_back(want);
+      bound.push_back(std::ldexp(std::abs(want), -23) + lse_error);
+    }
+  }
+  ctx.ExpectInts(tokens, want_tokens);
+  // Unwritten elements, NaN and infinities where the reference has them, the
+  // bytes around the view; the tight bound per element below.
+  ctx.ExpectClose(logprobs, want_logprobs, Tolerance::F32(1e-6));
+  const std::vector<double> got = ctx.DeviceValues(logprobs);
+  int64_t over = 0;
+  std::string first;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(want_logprobs[i])) continue;  // ExpectClose compared them exactly
+    if (!(std::abs(got[i] - want_logprobs[i]) <= bound[i]) && over++ == 0) {
+      first = absl::StrCat("element ", i, ": ", got[i], ", want ", want_logprobs[i]);
+    }
+  }
+  EXPECT_EQ(over, 0) << "logprobs beyond a float ulp plus the log-sum-exp's rounding; " << first;
+}
+
 }  // namespace
 
 void AddSamplingCases(CaseList& cases) {
@@ -401,6 +502,26 @@ void AddSamplingCases(CaseList& cases) {
     cases.Add("sample", absl::StrCat("adversarial ", B, " rows V ", V),
               [B = B, V = V](Context& ctx) { AdversarialCase(ctx, B, V); });
   }
+  // k per row cycles through 1, 5, the most columns, V, none, a negative k
+  // and a few others; 9 kinds of rows cycle beside them.
+  const int32_t kMax = kMaxTopLogprobs;
+  for (auto [B, V] : {std::pair<int64_t, int64_t>{20, 1},
+                      {40, 7},
+                      {40, 64},
+                      {37, 1000},
+                      {19, 32003},
+                      {4, 129280}}) {
+    const int32_t v = static_cast<int32_t>(V);
+    cases.Add("top_logprobs", absl::StrCat(B, " rows V ", V), [B = B, V = V, v](Context& ctx) {
+      TopLogprobsCase(ctx, B, V, kMax, {1, 5, kMax, v, 0, -3, 2, kMax - 1, kMax + 9, 17, v - 1});
+    });
+  }
+  cases.Add("top_logprobs", "narrower output clamps k", [](Context& ctx) {
+    TopLogprobsCase(ctx, 27, 300, 5, {1, 4, 5, 6, kMax, 300});
+  });
+  cases.Add("top_logprobs", "no columns", [](Context& ctx) {
+    TopLogprobsCase(ctx, 3, 10, 0, {1, 5});
+  });
 }
 
 }  // namespace mlag::ops_test
