@@ -129,7 +129,7 @@ absl::Status DeepseekModel::Load(WeightSource& source) {
   MLAG_ASSIGN_OR_RETURN(acts_,
                         ActivationBuffers::Allocate(c, options_.max_tokens, options_.max_seqs,
                                                     options_.max_ep_ranks, workspace_));
-  arena_.ReleaseStaging();
+  MLAG_RETURN_IF_ERROR(arena_.FinishLoading());
   return absl::OkStatus();
 }
 

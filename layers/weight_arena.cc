@@ -98,14 +98,19 @@ bool WeightArena::Fp8OnDevice() const {
 
 absl::StatusOr<LinearWeight> WeightArena::AllocateLinear(std::initializer_list<int64_t> shape,
                                                          DType dtype) {
+  return AllocateLinearImpl(shape, dtype, /*zero=*/true);
+}
+
+absl::StatusOr<LinearWeight> WeightArena::AllocateLinearImpl(std::initializer_list<int64_t> shape,
+                                                             DType dtype, bool zero) {
   LinearWeight w;
-  MLAG_ASSIGN_OR_RETURN(w.values, Allocate(shape, dtype));
+  MLAG_ASSIGN_OR_RETURN(w.values, AllocateImpl(shape, dtype, zero));
   if (dtype == DType::kF8E4M3) {
     std::vector<int64_t> s(shape);
     s.back() = Fp8Blocks(s.back());
     Tensor probe(nullptr, DType::kF32, s);
     MLAG_ASSIGN_OR_RETURN(Buffer buf, device_->Allocate(probe.nbytes()));
-    MLAG_RETURN_IF_ERROR(device_->Zero(buf.data(), probe.nbytes()));
+    if (zero) MLAG_RETURN_IF_ERROR(device_->Zero(buf.data(), probe.nbytes()));
     w.scales = buf.AsTensor(DType::kF32, s);
     bytes_ += buf.bytes();
     bytes_by_dtype_[DType::kF32] += buf.bytes();
@@ -118,7 +123,8 @@ absl::StatusOr<LinearWeight> WeightArena::LoadLinear(WeightSource& source, const
                                                      std::initializer_list<int64_t> shape,
                                                      bool allow_fp8) {
   MLAG_ASSIGN_OR_RETURN(LinearWeight w,
-                        AllocateLinear(shape, LinearDType(source, name, allow_fp8)));
+                        AllocateLinearImpl(shape, LinearDType(source, name, allow_fp8),
+                                           /*zero=*/false));
   MLAG_RETURN_IF_ERROR(LoadLinearInto(source, name, shape, w));
   MLAG_RETURN_IF_ERROR(PackForLinear(*device_, w));
   return w;
@@ -156,7 +162,7 @@ absl::Status WeightArena::LoadLinearInto(WeightSource& source, const std::string
       });
     }
     if (!device_->is_cuda()) return absl::OkStatus();
-    return device_->CopyFromHost(dst.values.data(), bf16, dst.values.nbytes());
+    return uploader_->Copy(dst.values.data(), bf16, dst.values.nbytes());
   }
   // fp8: as stored, or quantized here; then the block scales go per row (on
   // CUDA through host staging).
@@ -187,8 +193,8 @@ absl::Status WeightArena::LoadLinearInto(WeightSource& source, const std::string
   }
   std::vector<float> row_scales(static_cast<size_t>(rows * col_blocks));
   ExpandFp8RowScales(block_scales.data(), rows, cols, row_scales.data());
-  MLAG_RETURN_IF_ERROR(device_->CopyFromHost(dst.values.data(), q, dst.values.nbytes()));
-  return device_->CopyFromHost(dst.scales.data(), row_scales.data(), dst.scales.nbytes());
+  MLAG_RETURN_IF_ERROR(uploader_->Copy(dst.values.data(), q, dst.values.nbytes()));
+  return uploader_->Copy(dst.scales.data(), row_scales.data(), dst.scales.nbytes());
 }
 
 absl::StatusOr<Tensor> WeightArena::Allocate(std::initializer_list<int64_t> shape, DType dtype) {
@@ -228,7 +234,7 @@ absl::Status WeightArena::LoadInto(WeightSource& source, const std::string& name
   }
   float* staging = Staging(probe.numel());
   MLAG_RETURN_IF_ERROR(source.ReadF32(name, probe.shape(), staging));
-  return device_->CopyFromHost(dst.data(), staging, probe.nbytes());
+  return uploader_->Copy(dst.data(), staging, probe.nbytes());
 }
 
 absl::StatusOr<std::vector<float>> WeightArena::ReadHost(WeightSource& source,
@@ -244,14 +250,22 @@ absl::Status WeightArena::Upload(const std::vector<float>& host, const Tensor& d
   if (static_cast<int64_t>(host.size()) != dst.numel() || dst.dtype() != DType::kF32) {
     return absl::InternalError("WeightArena::Upload: size mismatch");
   }
-  return device_->CopyFromHost(dst.data(), host.data(), host.size() * sizeof(float));
+  return uploader_->Copy(dst.data(), host.data(), host.size() * sizeof(float));
 }
 
 absl::Status WeightArena::Upload(const std::vector<int32_t>& host, const Tensor& dst) {
   if (static_cast<int64_t>(host.size()) != dst.numel() || dst.dtype() != DType::kI32) {
     return absl::InternalError("WeightArena::Upload: size mismatch");
   }
-  return device_->CopyFromHost(dst.data(), host.data(), host.size() * sizeof(int32_t));
+  return uploader_->Copy(dst.data(), host.data(), host.size() * sizeof(int32_t));
+}
+
+absl::Status WeightArena::FinishLoading() {
+  MLAG_RETURN_IF_ERROR(uploader_->Finish());
+  std::vector<float>().swap(staging_);
+  std::vector<uint16_t>().swap(staging_bf16_);
+  std::vector<uint8_t>().swap(staging_fp8_);
+  return absl::OkStatus();
 }
 
 }  // namespace mlag

@@ -1,6 +1,8 @@
 // Owns a model's parameter buffers on its device and fills them from a
 // WeightSource. On the host the f32 data is read straight into the buffer; on
-// CUDA it is staged through host memory.
+// CUDA it is read (and converted) into host staging, then queued on an
+// Uploader: page-locked chunks copied asynchronously while the host reads the
+// next tensor. Loaded weights are on the device once FinishLoading returns.
 //
 // Projection weights (LinearWeight) are held in the arena's WeightFormat:
 // f32, bf16, or fp8 e4m3 with per-row 128-column block scales; kAuto keeps
@@ -13,6 +15,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,6 +24,7 @@
 #include "kernels/linear.h"
 #include "layers/weight_source.h"
 #include "runtime/core/device.h"
+#include "runtime/core/upload.h"
 
 namespace mlag {
 
@@ -33,7 +37,7 @@ absl::StatusOr<WeightFormat> ParseWeightFormat(absl::string_view name);
 class WeightArena {
  public:
   explicit WeightArena(Device* device, WeightFormat format = WeightFormat::kAuto)
-      : device_(device), format_(format) {}
+      : device_(device), format_(format), uploader_(std::make_unique<Uploader>(device)) {}
 
   WeightFormat format() const { return format_; }
 
@@ -83,15 +87,14 @@ class WeightArena {
                                               std::initializer_list<int64_t> shape);
 
   // Copies host data into `dst` (device memory owned by this arena); the
-  // element counts and sizes must match.
+  // element counts and sizes must match. `host` may be freed on return.
   absl::Status Upload(const std::vector<float>& host, const Tensor& dst);
   absl::Status Upload(const std::vector<int32_t>& host, const Tensor& dst);
 
-  // Frees the staging memory of conversions (call once loading is done).
-  void ReleaseStaging() {
-    std::vector<float>().swap(staging_);
-    std::vector<uint16_t>().swap(staging_bf16_);
-  }
+  // Waits until every weight loaded or uploaded so far is on the device
+  // (until then no device work may touch them), then frees the staging
+  // memory. Call once loading is done; loading may go on afterwards.
+  absl::Status FinishLoading();
 
   // Bytes of parameters held, in all and by dtype (fp8 scales count as f32).
   size_t bytes() const { return bytes_; }
@@ -99,6 +102,10 @@ class WeightArena {
 
  private:
   absl::StatusOr<Tensor> AllocateImpl(std::initializer_list<int64_t> shape, DType dtype, bool zero);
+  // AllocateLinear; with zero false for a projection about to be loaded
+  // whole (zeroing on CUDA waits for the device, uploads in flight included).
+  absl::StatusOr<LinearWeight> AllocateLinearImpl(std::initializer_list<int64_t> shape, DType dtype,
+                                                  bool zero);
 
   Device* device_;
   WeightFormat format_;
@@ -110,6 +117,7 @@ class WeightArena {
   std::vector<float> staging_;
   std::vector<uint16_t> staging_bf16_;  // bf16 weights on their way to CUDA
   std::vector<uint8_t> staging_fp8_;    // fp8 weights on their way to CUDA
+  std::unique_ptr<Uploader> uploader_;  // staging -> device, asynchronous on CUDA
   float* Staging(int64_t n);
   // Whether fp8 projections stay fp8 on this device (asked once).
   bool Fp8OnDevice() const;
