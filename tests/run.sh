@@ -7,6 +7,8 @@
 #               CUDA runtime, cuBLASLt and NCCL paths run without a GPU;
 #   build-asan  the host code again under AddressSanitizer +
 #               UndefinedBehaviorSanitizer.
+# With nvcc, the main build also yields the GPU device bundle, which is
+# checked here without a GPU (tests/gpu/check_device_bundle.sh).
 #
 #   bash tests/run.sh                        # all three
 #   MLAG_SKIP_EMULATION=1 bash tests/run.sh  # without build-emu
@@ -75,6 +77,18 @@ run_suite build || status=1
 if [ "$MLAG_CUDA_OPTION" = enabled ]; then
   echo "== CUDA register / spill report (sm_90) =="
   bash kernels/cuda/spill_report.sh 90 || status=1
+  echo "== device bundle of the main build, checked without a GPU =="
+  # What a GPU session carries (tests/gpu/make_device_bundle.sh), made from
+  # the main build (release, sm_90); the check proves it loads and that its
+  # fallback build finds every dependency on a bare machine.
+  bundle_start=$SECONDS
+  if bash tests/gpu/make_device_bundle.sh --build-dir build --out build/device-bundle &&
+    bash tests/gpu/check_device_bundle.sh build/device-bundle; then
+    echo "bundle 1 0 0 $((SECONDS - bundle_start))" >>"$summary"
+  else
+    echo "bundle 0 1 0 $((SECONDS - bundle_start))" >>"$summary"
+    status=1
+  fi
 fi
 
 if [ "${MLAG_SKIP_EMULATION:-0}" != 1 ]; then

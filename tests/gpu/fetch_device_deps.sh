@@ -1,21 +1,34 @@
 #!/usr/bin/env bash
-# Downloads (here, where Debian's mirror is reachable) the .deb packages the
-# build needs, into .devdeps/ (git-ignored), so that the GPU machine, which
-# reaches no registry and lacks them, can unpack them: the device tool's run
-# carries .devdeps and tests/gpu/run_device_checks.sh unpacks it.
+# Downloads the .deb files of tests/gpu/device_packages.txt (amd64, from the
+# machine's Debian mirror) into DIR, for the device bundle: the GPU machine
+# reaches no mirror. Fails, naming them, when any package is not fetched.
+#
+#   bash tests/gpu/fetch_device_deps.sh DIR [LIST]   (LIST: another list file)
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-grep -qx '/.devdeps/' .git/info/exclude 2>/dev/null || echo '/.devdeps/' >>.git/info/exclude
-mkdir -p .devdeps
-apt-get update -qq
-cd .devdeps
-apt-get download -qq \
-  libabsl-dev libabsl20220623 libgtest-dev libgmock-dev googletest \
-  libopenblas-dev libopenblas0 libopenblas0-pthread libopenblas-pthread-dev libgfortran5 \
-  nlohmann-json3-dev libcli11-dev pkgconf pkgconf-bin libpkgconf3 meson ninja-build \
-  libopenmpi-dev libopenmpi3 openmpi-bin openmpi-common libhwloc15 libevent-core-2.1-7 \
-  libevent-pthreads-2.1-7 libpmix2 libfabric1 libucx0 libnl-3-200 libnl-route-3-200 \
-  libibverbs1 librdmacm1 libpsm2-2 libpsm-infinipath1 libxnvctrl0 libmunge2 libltdl7 \
-  2>/dev/null || true
-du -sh .
-ls | wc -l
+here="$(cd "$(dirname "$0")" && pwd)"
+dir="${1:?usage: fetch_device_deps.sh DIR}"
+mkdir -p "$dir"
+dir="$(cd "$dir" && pwd)"
+list="${2:-$here/device_packages.txt}"
+mapfile -t packages < <(sed 's/#.*//; s/[[:space:]]//g; /^$/d' "$list")
+
+as_root=()
+if [ "$(id -u)" -ne 0 ]; then as_root=(sudo); fi
+download() {
+  (cd "$dir" && apt-get download -q=2 "$@")
+}
+# One call for all (fast); when it fails (stale package lists), the lists
+# are updated and the call repeated, its error shown.
+if ! download "${packages[@]}" 2>/dev/null; then
+  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  download "${packages[@]}"
+fi
+missing=()
+for p in "${packages[@]}"; do
+  compgen -G "$dir/${p}_*.deb" >/dev/null || missing+=("$p")
+done
+if [ ${#missing[@]} -ne 0 ]; then
+  echo "fetch_device_deps: not downloaded: ${missing[*]}" >&2
+  exit 1
+fi
+echo "fetch_device_deps: ${#packages[@]} packages, $(du -sh "$dir" | cut -f1) in $dir"

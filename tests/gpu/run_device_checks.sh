@@ -1,101 +1,148 @@
 #!/usr/bin/env bash
-# The GPU checks of one device session, at most 8 minutes on one H200: every
-# step runs under its own timeout (470 s together), so a hang costs at most
-# that step:
-#   1. configure (CUDA for sm_90, MPI off) and build only the targets run
-#      here (dependencies unpacked from .devdeps, prepared where a package
-#      mirror is reachable by tests/gpu/fetch_device_deps.sh);
-#   2. the gpu test suite (every CUDA op of the op harness against its
-#      reference, graph replay vs eager, dummy replays vs live KV pages,
-#      NCCL expert parallelism when several GPUs are present);
-#   3. the MLA decode kernel benchmark (b=128, s=4096, 16 heads: each decode
-#      kernel against the device-to-device copy bandwidth of the same run);
-#   4. mlag bench --device cuda on `small` and `v2-lite-8l`.
-# The spill report is left to CI (it needs no GPU). Logs and one summary
-# table go under $OUT.
+# The GPU checks of one device session, on a bare machine with the CUDA
+# toolkit and driver, python3 and the nvidia-nccl wheel, from a device bundle
+# made beforehand where packages can be had (tests/gpu/make_device_bundle.sh):
+#   1. the bundle's executables, if they load here; else a fallback build
+#      from the bundle's source and packages (NCCL from the wheel);
+#   2. the gpu suite: every CUDA op of the op harness against its reference,
+#      graph replay vs eager, dummy replays vs live KV pages, the runtime and
+#      the command line on the device (tokens equal to the host's);
+#   3. the MLA decode kernels at b=128, context 4096, 16 heads, against the
+#      copy bandwidth of the same run;
+#   4. mlag bench --device cuda --profile on `small` and `v2-lite-8l`, batch
+#      1, 32 and 256: whole steps and each graph node against the copy
+#      bandwidth and the tensor-core peak measured in the same run.
+# Every step has its own time limit and all share one deadline (8 minutes
+# from the start), so a hang costs one step and the run always reports.
+# $OUT gets three files: summary.txt (a table of every step and the
+# figures), figures.json (every figure) and logs.tgz (every step's log).
 #
-#   device run: carry [".devdeps"], command "bash tests/gpu/run_device_checks.sh",
-#   timeout_s 540
+#   device tool: carry [".device-bundle"], command
+#     "bash tests/gpu/run_device_checks.sh", timeout_s 540
+#   elsewhere: copy .device-bundle/ to the GPU machine, then
+#     OUT=DIR bash .device-bundle/scripts/run_device_checks.sh
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+here="$(cd "$(dirname "$0")" && pwd)"
+if [ -n "${MLAG_DEVICE_BUNDLE:-}" ]; then
+  bundle="$MLAG_DEVICE_BUNDLE"
+elif [ -f "$here/../bin.tgz" ]; then
+  bundle="$here/.."
+else
+  bundle="$here/../../.device-bundle"
+fi
+bundle="$(cd "$bundle" 2>/dev/null && pwd)" || { echo "no device bundle at $bundle" >&2; exit 1; }
 OUT="${OUT:-/tmp/mlag-device-checks}"
 mkdir -p "$OUT"
-log="$OUT/device_checks.log"
-exec > >(tee -a "$log") 2>&1
-t0=$(date +%s)
-summary=()
-note() { summary+=("$(printf '%-28s %s' "$1" "$2")"); }
-# run LIMIT_S NAME LOGFILE COMMAND...: one step under its own timeout.
-run() {
-  local limit="$1" name="$2" out="$3"; shift 3
-  echo
-  echo "== $name (at $(( $(date +%s) - t0 )) s, limit $limit s)"
-  timeout --kill-after=10 "$limit" "$@" >"$OUT/$out" 2>&1
-  local rc=$?
-  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-    note "$name" "TIMEOUT after $limit s (see $out)"
-  elif [ $rc -ne 0 ]; then
-    note "$name" "FAILED, exit $rc (see $out)"
-  else
-    note "$name" "ok"
+work=$(mktemp -d /tmp/mlag-device.XXXXXX)
+logs="$work/logs"
+mkdir -p "$logs"
+t0=$SECONDS
+deadline=$((t0 + ${MLAG_DEVICE_DEADLINE_S:-480}))
+steps="$work/steps.tsv"  # name, result, seconds, log
+: >"$steps"
+
+# step LIMIT_S NAME LOG COMMAND...: one step, under min(LIMIT_S, the time
+# left before the deadline); skipped when under 10 s are left.
+step() {
+  local limit="$1" name="$2" log="$3"; shift 3
+  local left=$((deadline - SECONDS)) start=$SECONDS result
+  [ "$limit" -gt "$left" ] && limit=$left
+  if [ "$limit" -lt 10 ]; then
+    printf '%s\tSKIPPED (deadline)\t0\t%s\n' "$name" "$log" >>"$steps"
+    return 1
   fi
-  tail -5 "$OUT/$out"
+  echo "== $name (at $((SECONDS - t0)) s, limit $limit s)"
+  timeout --kill-after=5 "$limit" "$@" >"$logs/$log" 2>&1
+  local rc=$?
+  case $rc in
+    0) result=ok ;;
+    124 | 137) result="TIMEOUT after $limit s" ;;
+    77) result="skipped (exit 77)" ;;
+    *) result="FAILED, exit $rc" ;;
+  esac
+  printf '%s\t%s\t%s\t%s\n' "$name" "$result" $((SECONDS - start)) "$log" >>"$steps"
+  tail -3 "$logs/$log"
   return $rc
 }
 
-echo "== machine"
-timeout 20 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-nproc
+{
+  echo "bundle: $bundle"
+  head -3 "$bundle/MANIFEST" 2>/dev/null
+  timeout 20 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem \
+    --format=csv,noheader
+  echo "cpus: $(nproc)"
+} >"$logs/machine.txt" 2>&1
+cat "$logs/machine.txt"
 
-# Dependencies the bare machine lacks, unpacked into a private root.
-root=/tmp/devroot
-mkdir -p "$root"
-if [ -d .devdeps ]; then
-  for f in .devdeps/*.deb; do dpkg -x "$f" "$root"; done
+# NCCL: the wheel's (libnccl.so.2 only, nccl.h beside it), else the toolkit's.
+nccl=$(python3 -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null)
+if [ -z "$nccl" ] || [ ! -f "$nccl/lib/libnccl.so.2" ]; then
+  nccl=$(dirname "$(dirname "$(find / -name libnccl.so.2 -not -path '/proc/*' 2>/dev/null | head -1)")")
 fi
-export PATH="$root/usr/bin:/usr/local/cuda/bin:$PATH"
-export PKG_CONFIG_SYSROOT_DIR="$root"
-export PKG_CONFIG_PATH="$root/usr/lib/x86_64-linux-gnu/pkgconfig:$root/usr/share/pkgconfig:$root/usr/lib/x86_64-linux-gnu/openblas-pthread/pkgconfig"
-export CPATH="$root/usr/include:$root/usr/include/x86_64-linux-gnu:$root/usr/include/x86_64-linux-gnu/openblas-pthread"
-export LIBRARY_PATH="$root/usr/lib/x86_64-linux-gnu:$root/usr/lib/x86_64-linux-gnu/openblas-pthread"
-export LD_LIBRARY_PATH="$LIBRARY_PATH:${LD_LIBRARY_PATH:-}"
-if command -v meson >/dev/null 2>&1; then
-  MESON=(meson)
-elif python3 -c 'import mesonbuild' 2>/dev/null; then
-  MESON=(python3 -m mesonbuild.mesonmain)
-else
-  # Debian's meson package installs the module under dist-packages.
-  export PYTHONPATH="$root/usr/lib/python3/dist-packages:${PYTHONPATH:-}"
-  MESON=(python3 -m mesonbuild.mesonmain)
+echo "nccl: ${nccl:-none}" | tee -a "$logs/machine.txt"
+export LD_LIBRARY_PATH="$work/lib:$nccl/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export PATH="/usr/local/cuda/bin:$PATH"
+
+# 1. The bundle's executables, or a fallback build.
+tar -C "$work" -xzf "$bundle/bin.tgz"
+bin="$work/bin"
+loads() {
+  local missing
+  missing=$(for f in "$bin"/*; do ldd "$f" | grep 'not found'; done | sort -u)
+  if [ -n "$missing" ]; then
+    echo "bundled executables do not load here: $missing"
+    return 1
+  fi
+  "$bin/mlag" --help >/dev/null
+}
+if ! step 30 "bundled executables load" loads.log loads; then
+  root="$work/root"
+  mkdir -p "$root" "$work/src" "$work/nccl"
+  for d in "$bundle"/debs/*.deb; do dpkg -x "$d" "$root"; done
+  tar -C "$work/src" -xzf "$bundle/src.tgz"
+  ln -sfn "$nccl/lib" "$work/nccl/lib"
+  ln -sfn "$nccl/include" "$work/nccl/include"
+  libdirs="$root/usr/lib/x86_64-linux-gnu:$root/lib/x86_64-linux-gnu:$root/usr/lib/x86_64-linux-gnu/openblas-pthread"
+  export LD_LIBRARY_PATH="$libdirs:$LD_LIBRARY_PATH"
+  export PKG_CONFIG="$root/usr/bin/pkg-config" PKG_CONFIG_SYSROOT_DIR="$root"
+  export PKG_CONFIG_LIBDIR="$root/usr/lib/x86_64-linux-gnu/pkgconfig:$root/usr/share/pkgconfig:$root/usr/lib/x86_64-linux-gnu/openblas-pthread/pkgconfig"
+  # The machine's meson and ninja when it has them (pip's), else the bundle's.
+  if command -v meson >/dev/null 2>&1; then
+    meson=(meson)
+  else
+    export PYTHONPATH="$root/usr/lib/python3/dist-packages:${PYTHONPATH:-}"
+    meson=(python3 -m mesonbuild.mesonmain)
+  fi
+  command -v ninja >/dev/null 2>&1 || export NINJA="$root/usr/bin/ninja"
+  mapfile -t targets < <(sed 's/#.*//; s/[[:space:]]//g; /^$/d' "$work/src/tests/gpu/device_targets.txt")
+  build="$work/build"
+  step 60 "fallback configure" configure.log "${meson[@]}" setup "$build" "$work/src" \
+    -Dcuda=enabled -Dnvcc_arch=90 -Dmpi=disabled -Dbuildtype=release -Dnccl_dir="$work/nccl" &&
+    step 240 "fallback build" build.log "${NINJA:-ninja}" -C "$build" -j "$(nproc)" "${targets[@]}" &&
+    { mkdir -p "$work/fallback-bin"
+      for t in "${targets[@]}"; do cp "$build/$t" "$work/fallback-bin/"; done
+      bin="$work/fallback-bin"; }
 fi
-echo "meson: ${MESON[*]}; $(command -v ninja nvcc | tr '\n' ' ')"
 
-targets=(tests/ops_test tests/runtime_gpu_test tests/mla_gpu_test tests/moe_linear_gpu_test
-         tests/gpu_test tests/mla_decode_bench examples/mlag)
-if [ ! -f build-gpu/build.ninja ]; then
-  run 45 "configure (sm_90)" configure.log \
-    "${MESON[@]}" setup build-gpu -Dcuda=enabled -Dnvcc_arch=90 -Dmpi=disabled || {
-      for line in "${summary[@]}"; do echo "  $line"; done; exit 1; }
-fi
-run 170 "build" build.log ninja -C build-gpu -j 16 "${targets[@]}" || {
-  for line in "${summary[@]}"; do echo "  $line"; done; exit 1; }
-
-# The gpu suite, each executable under its own limit.
-run 50 "op harness (cuda cases)" ops_cuda.log ./build-gpu/tests/ops_test --gtest_filter='cuda/*'
-run 15 "graph tests (gpu_test)" gpu_test.log ./build-gpu/tests/gpu_test
-run 15 "mla_gpu_test" mla_gpu.log ./build-gpu/tests/mla_gpu_test
-run 15 "moe_linear_gpu_test" moe_linear_gpu.log ./build-gpu/tests/moe_linear_gpu_test
-run 50 "runtime_gpu_test" runtime_gpu.log ./build-gpu/tests/runtime_gpu_test
-
-run 30 "MLA decode benchmark" mla_decode_bench.txt ./build-gpu/tests/mla_decode_bench
-while IFS= read -r line; do summary+=("  $line"); done < <(grep '^mla_decode\[' "$OUT/mla_decode_bench.txt")
-
+# 2. The gpu suite.
+step 60 "op harness (cuda cases)" ops_cuda.log "$bin/ops_test" --gtest_filter='cuda/*'
+step 30 "graph tests (gpu_test)" gpu_test.log "$bin/gpu_test"
+step 30 "mla_gpu_test" mla_gpu.log "$bin/mla_gpu_test"
+step 30 "moe_linear_gpu_test" moe_linear_gpu.log "$bin/moe_linear_gpu_test"
+step 90 "runtime_gpu_test" runtime_gpu.log "$bin/runtime_gpu_test"
+# The suite's script: beside this one in a copied bundle, in tests/ here.
+cli_test="$here/cli_cuda_test.sh"
+[ -f "$cli_test" ] || cli_test="$here/../cli_cuda_test.sh"
+step 60 "command line on cuda" cli_cuda.log bash "$cli_test" "$bin/mlag"
+# 3. The MLA decode kernels.
+step 40 "MLA decode benchmark" mla_decode_bench.log "$bin/mla_decode_bench"
+# 4. Whole steps and graph nodes.
 for model in small v2-lite-8l; do
-  run 40 "mlag bench $model" "bench_$model.txt" ./build-gpu/examples/mlag bench --model "$model" \
-    --device cuda --batch-sizes 1,8,32,128,256 --steps 10
-  summary+=("  $(awk '$1 == 1 || $1 == 32 || $1 == 256 {printf "b=%s %s tok/s (%s of bw); ", $1, $5, $11}' "$OUT/bench_$model.txt")")
+  step 120 "mlag bench $model" "bench_$model.json" "$bin/mlag" bench --model "$model" \
+    --device cuda --batch-sizes 1,32,256 --steps 10 --prefill-lens 512 --profile --json
 done
 
-echo
-echo "== summary ($(( $(date +%s) - t0 )) s in all)" | tee "$OUT/summary.txt"
-for line in "${summary[@]}"; do echo "  $line"; done | tee -a "$OUT/summary.txt"
+python3 "$here/device_report.py" "$work" "$OUT/summary.txt" "$OUT/figures.json"
+cat "$OUT/summary.txt"
+tar -C "$work" -czf "$OUT/logs.tgz" logs
+rm -rf "$work"
