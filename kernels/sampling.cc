@@ -13,20 +13,30 @@
 #endif
 
 namespace mlag {
+namespace {
 
-absl::Status Sample(Stream& stream, const Tensor& logits, const Tensor& temperature,
-                    const Tensor& top_k, const Tensor& top_p, const Tensor& seeds,
-                    const Tensor& steps, const Tensor& out_tokens) {
+// Logits [B, V] in f32, row-major, on the stream, V an int the kernels index by.
+absl::Status CheckLogits(const Stream& stream, const Tensor& logits) {
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, logits, "logits"));
   MLAG_RETURN_IF_ERROR(CheckDType(logits, "logits", {DType::kF32}));
   MLAG_RETURN_IF_ERROR(CheckShape(logits, "logits", {-1, -1}));
   MLAG_RETURN_IF_ERROR(CheckRowMajor(logits, "logits"));
-  const int64_t B = logits.size(0);
   const int64_t V = logits.size(1);
   if (V <= 0 || V > 0x7fffffff) {
     return absl::InvalidArgumentError(
         absl::StrCat("logits: vocabulary size must be in [1, 2^31), got ", V));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Sample(Stream& stream, const Tensor& logits, const Tensor& temperature,
+                    const Tensor& top_k, const Tensor& top_p, const Tensor& seeds,
+                    const Tensor& steps, const Tensor& out_tokens) {
+  MLAG_RETURN_IF_ERROR(CheckLogits(stream, logits));
+  const int64_t B = logits.size(0);
+  const int64_t V = logits.size(1);
   struct PerRow {
     const Tensor& t;
     const char* name;
@@ -66,16 +76,9 @@ absl::Status Sample(Stream& stream, const Tensor& logits, const Tensor& temperat
 
 absl::Status TopLogprobs(Stream& stream, const Tensor& logits, const Tensor& k,
                          const Tensor& out_tokens, const Tensor& out_logprobs) {
-  MLAG_RETURN_IF_ERROR(CheckOnStream(stream, logits, "logits"));
-  MLAG_RETURN_IF_ERROR(CheckDType(logits, "logits", {DType::kF32}));
-  MLAG_RETURN_IF_ERROR(CheckShape(logits, "logits", {-1, -1}));
-  MLAG_RETURN_IF_ERROR(CheckRowMajor(logits, "logits"));
+  MLAG_RETURN_IF_ERROR(CheckLogits(stream, logits));
   const int64_t B = logits.size(0);
   const int64_t V = logits.size(1);
-  if (V <= 0 || V > 0x7fffffff) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("logits: vocabulary size must be in [1, 2^31), got ", V));
-  }
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, k, "k"));
   MLAG_RETURN_IF_ERROR(CheckDType(k, "k", {DType::kI32}));
   MLAG_RETURN_IF_ERROR(CheckShape(k, "k", {B}));
