@@ -8,7 +8,9 @@
 #      them (or the system's of step 1), and the fallback build configures
 #      (CUDA for sm_90, NCCL from a folder laid out as the nvidia-nccl
 #      wheel's) with the bundled meson, ninja and pkg-config, and
-#      PKG_CONFIG_LIBDIR restricted to the bundled packages;
+#      PKG_CONFIG_LIBDIR restricted to the bundled packages, and every
+#      dependency it finds comes from them (not from this machine's cmake
+#      files or library paths);
 #   3. the fetch step fails, naming it, on a package it cannot download.
 # Prints each failure; exits 1 on any.
 #
@@ -98,7 +100,33 @@ if (
   if [ ${#nccl_args[@]} -gt 0 ] && ! grep -q '#define MLAG_HAVE_NCCL 1' "$tmp/build/mlag_config.h"; then
     bad "the fallback configure found no NCCL in the wheel's layout"
   fi
-  echo "fallback configure: ok ($(grep -c 'Run-time dependency.*found: YES' "$tmp/configure.log") dependencies found)"
+  # Each dependency must come from the bundle: meson also looks with cmake
+  # and, for gtest and gmock, in the compiler's own library paths, which
+  # would find this machine's packages, not the bundle's.
+  outside=$(python3 - "$tmp/build/meson-info/intro-dependencies.json" "$root" <<'PY'
+import json, sys
+deps, root = json.load(open(sys.argv[1])), sys.argv[2] + "/"
+# Not from packages: the toolkit's CUDA and NCCL, the C library's threads.
+system = {"threads", "cuda", "nccl"}
+system_libs = {"-lpthread", "-lm", "-ldl", "-lrt", "-lc", "-lstdc++", "-lgcc_s", "-latomic"}
+for d in deps:
+    if d["name"] in system:
+        continue
+    args = d.get("compile_args", []) + d.get("link_args", [])
+    paths = [a[2:] if a[:2] in ("-I", "-L") else a for a in args
+             if a.startswith(("-I", "-L", "/"))]
+    # (The compiler's own libraries, such as libatomic, come with it.)
+    foreign = [a for a in paths if not a.startswith((root, "/usr/lib/gcc/"))]
+    foreign += [a for a in args if a.startswith("-l") and a not in system_libs]
+    if foreign or not any(p.startswith(root) for p in paths):
+        print(f"{d['name']} ({' '.join(foreign) or 'no path in the bundle'})")
+PY
+  )
+  if [ -n "$outside" ]; then
+    bad "the fallback configure found dependencies outside the bundle: $(echo "$outside" | paste -sd';')"
+  else
+    echo "fallback configure: ok ($(grep -c 'Run-time dependency.*found: YES' "$tmp/configure.log") dependencies found, each in the bundle)"
+  fi
 else
   bad "the fallback configure failed: $(grep -E 'ERROR|not found|No module' "$tmp/configure.log" | head -3 | paste -sd';')"
 fi
