@@ -21,6 +21,9 @@
 #     "bash tests/gpu/run_device_checks.sh", timeout_s 540
 #   elsewhere: copy .device-bundle/ to the GPU machine, then
 #     OUT=DIR bash .device-bundle/scripts/run_device_checks.sh
+# Environment: MLAG_DEVICE_BUNDLE (the bundle's folder), MLAG_DEVICE_DEADLINE_S
+# (480), MLAG_DEVICE_FALLBACK=1 (build from source even if the executables
+# load), OUT.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 if [ -n "${MLAG_DEVICE_BUNDLE:-}" ]; then
@@ -86,16 +89,13 @@ export PATH="/usr/local/cuda/bin:$PATH"
 # 1. The bundle's executables, or a fallback build.
 tar -C "$work" -xzf "$bundle/bin.tgz"
 bin="$work/bin"
-loads() {
-  local missing
-  missing=$(for f in "$bin"/*; do ldd "$f" | grep 'not found'; done | sort -u)
-  if [ -n "$missing" ]; then
-    echo "bundled executables do not load here: $missing"
-    return 1
-  fi
-  "$bin/mlag" --help >/dev/null
-}
-if ! step 30 "bundled executables load" loads.log loads; then
+# (A script, not a function: `timeout` runs programs.)
+loads='missing=$(for f in "$1"/*; do ldd "$f" | grep "not found"; done | sort -u)
+if [ -n "$missing" ]; then echo "bundled executables do not load here: $missing"; exit 1; fi
+"$1/mlag" --help >/dev/null'
+# MLAG_DEVICE_FALLBACK=1 builds from source even so (to try the fallback).
+if [ "${MLAG_DEVICE_FALLBACK:-0}" = 1 ] ||
+  ! step 30 "bundled executables load" loads.log bash -c "$loads" loads "$bin"; then
   root="$work/root"
   mkdir -p "$root" "$work/src" "$work/nccl"
   for d in "$bundle"/debs/*.deb; do dpkg -x "$d" "$root"; done
