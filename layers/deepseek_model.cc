@@ -1,5 +1,6 @@
 #include "layers/deepseek_model.h"
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/embedding.h"
@@ -76,6 +77,9 @@ absl::Status DeepseekModel::CheckFitsDevice(const ModelConfig& c, WeightFormat f
 absl::Status DeepseekModel::Load(WeightSource& source) {
   const ModelConfig& c = config_;
   const int64_t D = c.hidden_size, V = c.vocab_size;
+  // On a failed load, copies may still be queued into buffers the layers own
+  // (the routed experts'), which are freed before the arena: land them first.
+  auto land_uploads = absl::MakeCleanup([this] { arena_.FinishLoading().IgnoreError(); });
   MLAG_ASSIGN_OR_RETURN(embed_, arena_.Load(source, "model.embed_tokens.weight", {V, D}));
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
@@ -129,8 +133,8 @@ absl::Status DeepseekModel::Load(WeightSource& source) {
   MLAG_ASSIGN_OR_RETURN(acts_,
                         ActivationBuffers::Allocate(c, options_.max_tokens, options_.max_seqs,
                                                     options_.max_ep_ranks, workspace_));
-  MLAG_RETURN_IF_ERROR(arena_.FinishLoading());
-  return absl::OkStatus();
+  std::move(land_uploads).Cancel();
+  return arena_.FinishLoading();
 }
 
 DeepseekModel::WeightBytes DeepseekModel::weight_breakdown() const {

@@ -262,6 +262,9 @@ absl::Status WeightArena::Upload(const std::vector<int32_t>& host, const Tensor&
 
 absl::Status WeightArena::FinishLoading() {
   MLAG_RETURN_IF_ERROR(uploader_->Finish());
+  // A fresh uploader: the page-locked ring and the copy stream are freed
+  // until a later load needs them again.
+  uploader_ = std::make_unique<Uploader>(device_);
   std::vector<float>().swap(staging_);
   std::vector<uint16_t>().swap(staging_bf16_);
   std::vector<uint8_t>().swap(staging_fp8_);

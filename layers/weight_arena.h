@@ -93,7 +93,9 @@ class WeightArena {
 
   // Waits until every weight loaded or uploaded so far is on the device
   // (until then no device work may touch them), then frees the staging
-  // memory. Call once loading is done; loading may go on afterwards.
+  // memory and the uploader's page-locked ring. Call once loading is done,
+  // and on a failed load before anything the arena filled is freed; loading
+  // may go on afterwards.
   absl::Status FinishLoading();
 
   // Bytes of parameters held, in all and by dtype (fp8 scales count as f32).

@@ -211,8 +211,11 @@ absl::StatusOr<std::vector<NodeProfile>> ProfileDeviceStep(ModelRunner& runner,
   MLAG_RETURN_IF_ERROR(runner.stream().BeginDeviceProfile(&profile));
   const auto t0 = Clock::now();
   absl::Status s = runner.Execute(batch.seqs).status();
-  absl::Status ended = runner.stream().EndDeviceProfile();  // waits for the step
+  // The step's wall time ends when its last launch has; reading the events
+  // (EndDeviceProfile) is not part of it.
+  if (s.ok()) s = runner.stream().Synchronize();
   *wall_ms = 1e3 * SecondsSince(t0);
+  absl::Status ended = runner.stream().EndDeviceProfile();
   MLAG_RETURN_IF_ERROR(s);
   MLAG_RETURN_IF_ERROR(ended);
   std::map<std::string, NodeProfile> folded;

@@ -240,9 +240,15 @@ absl::StatusOr<std::unique_ptr<Stream>> Stream::Create(Device* device) {
 
 Stream::~Stream() {
   attachments_.clear();  // library state first: it may still use the CUDA stream
-  if (device_profile_ != nullptr) EndDeviceProfile().IgnoreError();  // frees the events
   if (capturing_) device_->AddCapture(-1);
 #if MLAG_HAVE_CUDA
+  // A profile still open: its events are freed, its figures dropped (the
+  // caller's profile may be gone already). An event still pending is freed
+  // once it completes.
+  for (const TimedLaunch& t : timed_) {
+    if (t.start != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(t.start));
+    if (t.end != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(t.end));
+  }
   if (native_ != nullptr) {
     if (capturing_) {
       cudaGraph_t g = nullptr;
@@ -309,7 +315,13 @@ absl::Status Stream::LaunchCuda(absl::string_view default_name, OpKind kind,
   ++launches_;
   const bool timed = device_profile_ != nullptr && !capturing_;
   TimedLaunch t;
-  if (timed) MLAG_RETURN_IF_ERROR(RecordEvent(&t.start));
+  if (timed) {
+    absl::Status recorded = RecordEvent(&t.start);
+    if (!recorded.ok()) {
+      timed_.push_back(std::move(t));  // its event, if created, is freed with the others
+      return recorded;
+    }
+  }
   const int error = enqueue(native_);
   if (timed) {
     absl::Status recorded = RecordEvent(&t.end);

@@ -80,31 +80,39 @@ if figures["mla_decode"]:
         lines.append(f"  {k['kernel']:<14} {k['us']:8.1f} us {k['gb_s']:8.1f} GB/s "
                      f"{100 * k['fraction_of_copy_bandwidth']:5.1f}% of {k['copy_gb_s']:.0f} GB/s")
 
-for model in ("small", "v2-lite-8l"):
-    j = bench_json(read(f"bench_{model}.json"))
-    if j is None:
-        continue
-    figures["bench"][model] = j
-    lines.append("")
+def bench_lines(model, j):
+    """The summary lines of one bench JSON (KeyError on a partial one)."""
+    lines = [""]
     lines.append(f"mlag bench {model} ({j.get('weight_dtype')} weights, {j.get('kv_cache_dtype')} KV, "
                  f"context {j.get('context_len')}; copy {j['machine']['bandwidth_gb_s']:.0f} GB/s; "
                  f"built in {j.get('build_seconds', 0):.1f} s):")
     peaks = j["machine"].get("matmul_peak_tflops", {})
     if peaks:
         lines.append("  matmul peak (cuBLASLt probe): " +
-                     ", ".join(f"{k} {v:.0f} TFLOP/s" for k, v in sorted(peaks.items())))
+                     ", ".join(f"{k} {v:.3g} TFLOP/s" for k, v in sorted(peaks.items())))
     for d in j["decode"]:
         gap = d.get("launch_gap_us")
         lines.append(f"  b={d['batch']:<4} graph {d['graph_ms']:8.3f} ms  eager {d['eager_ms']:8.3f} ms  "
                      f"{d['graph_tokens_per_s']:10.1f} tok/s  {100 * d['fraction_of_bandwidth']:5.1f}% of bw"
                      + (f"  gap {gap:.1f} us" if gap is not None else ""))
-        nodes = d.get("nodes", [])
-        for n in nodes[:8]:
+        for n in d.get("nodes", [])[:8]:
             peak = n.get("fraction_of_matmul_peak")
             lines.append(f"      {n['us']:9.1f} us {n['bytes'] / 1e6:9.2f} MB {n['gflop']:8.3f} GFLOP "
                          f"{100 * n['fraction_of_bandwidth']:5.1f}% bw "
                          + (f"{100 * peak:5.1f}% {n['dtype']} peak " if peak is not None else " " * 17)
                          + n["node"])
+    return lines
+
+
+for model in ("small", "v2-lite-8l"):
+    j = bench_json(read(f"bench_{model}.json"))
+    if j is None:
+        continue
+    figures["bench"][model] = j  # whole, even where the summary cannot read it
+    try:
+        lines += bench_lines(model, j)
+    except (KeyError, TypeError, ValueError) as e:
+        lines += ["", f"mlag bench {model}: its JSON lacks {e!r}; see figures.json"]
 
 with open(summary_path, "w") as f:
     f.write("\n".join(lines) + "\n")

@@ -67,7 +67,10 @@ done | sort -u | while read -r soname path; do
 done
 tar -C "$out/stage" -czf "$out/bin.tgz" bin lib
 cp tests/gpu/run_device_checks.sh tests/gpu/device_report.py tests/cli_cuda_test.sh "$out/scripts/"
-git ls-files -co --exclude-standard -z | tar --null -czf "$out/src.tgz" -T -
+# (Tracked files deleted from the work tree are left out.)
+git ls-files -co --exclude-standard -z |
+  while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
+  tar --null -czf "$out/src.tgz" -T -
 bash tests/gpu/fetch_device_deps.sh "$out/debs" >/dev/null
 {
   echo "commit: $(git rev-parse HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo ' (with uncommitted changes)')"

@@ -77,13 +77,26 @@ step() {
 } >"$logs/machine.txt" 2>&1
 cat "$logs/machine.txt"
 
-# NCCL: the wheel's (libnccl.so.2 only, nccl.h beside it), else the toolkit's.
-nccl=$(python3 -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null)
-if [ -z "$nccl" ] || [ ! -f "$nccl/lib/libnccl.so.2" ]; then
-  nccl=$(dirname "$(dirname "$(find / -name libnccl.so.2 -not -path '/proc/*' 2>/dev/null | head -1)")")
+# NCCL: the wheel's (lib/libnccl.so.2 only, include/nccl.h), else any
+# libnccl.so.2 with an nccl.h near it (the toolkit's), gathered into
+# $work/nccl laid out as the wheel is: what -Dnccl_dir expects.
+nccl_lib="" nccl_h=""
+wheel=$(timeout 20 python3 -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null)
+if [ -n "$wheel" ] && [ -f "$wheel/lib/libnccl.so.2" ] && [ -f "$wheel/include/nccl.h" ]; then
+  nccl_lib="$wheel/lib/libnccl.so.2" nccl_h="$wheel/include/nccl.h"
+else
+  nccl_lib=$(timeout 30 find /usr /opt -name libnccl.so.2 2>/dev/null | head -1)
+  nccl_h=$(timeout 30 find /usr /opt -name nccl.h -path '*include*' 2>/dev/null | head -1)
 fi
-echo "nccl: ${nccl:-none}" | tee -a "$logs/machine.txt"
-export LD_LIBRARY_PATH="$work/lib:$nccl/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+mkdir -p "$work/nccl/lib" "$work/nccl/include"
+nccl_args=()
+if [ -n "$nccl_lib" ] && [ -n "$nccl_h" ]; then
+  ln -s "$(readlink -f "$nccl_lib")" "$work/nccl/lib/libnccl.so.2"
+  ln -s "$(readlink -f "$nccl_h")" "$work/nccl/include/nccl.h"
+  nccl_args=(-Dnccl_dir="$work/nccl")
+fi
+echo "nccl: ${nccl_lib:-none} ${nccl_h:+(header $nccl_h)}" | tee -a "$logs/machine.txt"
+export LD_LIBRARY_PATH="$work/lib:$work/nccl/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export PATH="/usr/local/cuda/bin:$PATH"
 
 # 1. The bundle's executables, or a fallback build.
@@ -97,11 +110,9 @@ if [ -n "$missing" ]; then echo "bundled executables do not load here: $missing"
 if [ "${MLAG_DEVICE_FALLBACK:-0}" = 1 ] ||
   ! step 30 "bundled executables load" loads.log bash -c "$loads" loads "$bin"; then
   root="$work/root"
-  mkdir -p "$root" "$work/src" "$work/nccl"
+  mkdir -p "$root" "$work/src"
   for d in "$bundle"/debs/*.deb; do dpkg -x "$d" "$root"; done
   tar -C "$work/src" -xzf "$bundle/src.tgz"
-  ln -sfn "$nccl/lib" "$work/nccl/lib"
-  ln -sfn "$nccl/include" "$work/nccl/include"
   libdirs="$root/usr/lib/x86_64-linux-gnu:$root/lib/x86_64-linux-gnu:$root/usr/lib/x86_64-linux-gnu/openblas-pthread"
   export LD_LIBRARY_PATH="$libdirs:$LD_LIBRARY_PATH"
   export PKG_CONFIG="$root/usr/bin/pkg-config" PKG_CONFIG_SYSROOT_DIR="$root"
@@ -117,7 +128,7 @@ if [ "${MLAG_DEVICE_FALLBACK:-0}" = 1 ] ||
   mapfile -t targets < <(sed 's/#.*//; s/[[:space:]]//g; /^$/d' "$work/src/tests/gpu/device_targets.txt")
   build="$work/build"
   step 60 "fallback configure" configure.log "${meson[@]}" setup "$build" "$work/src" \
-    -Dcuda=enabled -Dnvcc_arch=90 -Dmpi=disabled -Dbuildtype=release -Dnccl_dir="$work/nccl" &&
+    -Dcuda=enabled -Dnvcc_arch=90 -Dmpi=disabled -Dbuildtype=release "${nccl_args[@]}" &&
     step 240 "fallback build" build.log "${NINJA:-ninja}" -C "$build" -j "$(nproc)" "${targets[@]}" &&
     { mkdir -p "$work/fallback-bin"
       for t in "${targets[@]}"; do cp "$build/$t" "$work/fallback-bin/"; done
@@ -138,7 +149,9 @@ step 60 "command line on cuda" cli_cuda.log bash "$cli_test" "$bin/mlag"
 step 40 "MLA decode benchmark" mla_decode_bench.log "$bin/mla_decode_bench"
 # 4. Whole steps and graph nodes.
 for model in small v2-lite-8l; do
-  step 120 "mlag bench $model" "bench_$model.json" "$bin/mlag" bench --model "$model" \
+  # stdout (the JSON) alone in its log; stderr beside it.
+  step 120 "mlag bench $model" "bench_$model.json" bash -c '"$@" 2>"$0"' \
+    "$logs/bench_$model.err" "$bin/mlag" bench --model "$model" \
     --device cuda --batch-sizes 1,32,256 --steps 10 --prefill-lens 512 --profile --json
 done
 
