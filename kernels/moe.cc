@@ -14,6 +14,7 @@
 
 #include "kernels/cuda/moe.cuh"
 #include "kernels/cuda_blas.h"
+#include "runtime/core/cuda_status.h"
 #endif
 
 namespace mlag {
@@ -168,6 +169,18 @@ absl::Status MoeExpertsCuda(Stream& stream, const Tensor& x, const Tensor& topk_
 #endif  // MLAG_HAVE_CUDA
 
 }  // namespace
+
+absl::StatusOr<bool> MoeExpertsOnTensorCores(const Device& device, DType w_dtype) {
+  if (!device.is_cuda()) return false;
+#if MLAG_HAVE_CUDA
+  bool yes = false;
+  MLAG_CUDA_RETURN_IF_ERROR(cuda::MoeExpertsOnTensorCores(device.index(), w_dtype, &yes));
+  return yes;
+#else
+  (void)w_dtype;
+  return false;
+#endif
+}
 
 size_t MoeExpertsWorkspaceBytes(int64_t T, int64_t K, int64_t D, int64_t I, int64_t L) {
 #if MLAG_HAVE_CUDA

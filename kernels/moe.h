@@ -57,8 +57,11 @@ absl::Status MoeRoute(Stream& stream, const RoutingParams& params, const Tensor&
 //   expert_map: i32 [E] global expert -> local slot, -1 = not held here
 //   w_gate_up: [L, 2*I, D] (gate rows then up rows per expert), w_down:
 //     [L, D, I]; LinearWeights (kernels/linear.h) of one dtype: f32, bf16 or
-//     fp8; on CUDA bf16 and fp8 weights are widened to f32 as loaded (fp8:
-//     times its block scale, rounded once, the host's dequantized value)
+//     fp8; on CUDA bf16 and fp8 weights run on tensor cores where
+//     MoeExpertsOnTensorCores says so (bf16: x and the activations rounded to
+//     bf16; fp8: both quantized per row and 128-column block to e4m3, as the
+//     dense FP8 GEMM of Linear), else widened to f32 as loaded (fp8: times
+//     its block scale, rounded once, the host's dequantized value)
 //   out: f32 [T, D] contiguous, overwritten (rows with no local expert are 0).
 //     Host only: out may instead be [T, K, D], the weighted choices
 //     topk_weights[t,k] * f_e(x[t]) unsummed (0 where not held here), for an
@@ -85,6 +88,11 @@ absl::Status MoeExperts(Stream& stream, const Tensor& x, const Tensor& topk_ids,
                         const Tensor& topk_weights, const Tensor& expert_map,
                         const LinearWeight& w_gate_up, const LinearWeight& w_down,
                         const Tensor& out, const Tensor& workspace = Tensor());
+
+// Whether MoeExperts on `device` multiplies `w_dtype` weights on tensor
+// cores (CUDA: bf16 from sm_80, fp8 from sm_89, in a build with code for
+// such a target); false on the host and for f32 weights.
+absl::StatusOr<bool> MoeExpertsOnTensorCores(const Device& device, DType w_dtype);
 
 // out[t] = sum over k, in k order from 0, of per_choice[t, k]:
 // per_choice f32 [T, K, D] contiguous, out f32 [T, D] contiguous. Host only

@@ -1,4 +1,5 @@
 #include "kernels/cuda/fp8_gemm.cuh"
+#include "kernels/cuda/warp_ops.cuh"
 
 namespace mlag::cuda {
 namespace {
@@ -17,22 +18,6 @@ constexpr int64_t kMmaK = 32;
 
 __host__ __device__ inline int64_t ScaleBlocks(int64_t cols) {
   return (cols + kFp8GemmBlockK - 1) / kFp8GemmBlockK;
-}
-
-// d += a b, e4m3 x e4m3 -> f32 (m16n8k32; fragment layouts in
-// kernels/cuda/emulation/cuda_emulation.h).
-__device__ __forceinline__ void MmaE4M3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                        uint32_t b1) {
-#if defined(MLAG_CUDA_EMULATION)
-  ::mlag::emu::MmaM16N8K32E4M3(d, a, b0, b1);
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-  __trap();  // Fp8BlockGemmSupported is false below sm_89
-#endif
 }
 
 // grid (column blocks, min(rows, 65535)), rows strided by gridDim.y; one

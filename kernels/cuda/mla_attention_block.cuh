@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/mla_attention.cuh"
+#include "kernels/cuda/warp_ops.cuh"
 
 namespace mlag::cuda::mla_block {
 
@@ -17,34 +18,11 @@ inline constexpr int kThreads = 256;
 inline constexpr int kVecs = 16;          // query vectors per block
 inline constexpr int kNoSplit = 1 << 30;  // split length meaning "never split"
 
-// 16-byte global -> shared copy; src_bytes == 0 writes zeros and reads nothing.
-__device__ __forceinline__ void CpAsync16(void* smem_dst, const void* gmem_src, int src_bytes) {
-#if defined(MLAG_CUDA_EMULATION)
-  ::mlag::emu::CpAsync16(smem_dst, gmem_src, src_bytes);
-#else
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src),
-               "r"(src_bytes)
-               : "memory");
-#endif
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-#if defined(MLAG_CUDA_EMULATION)
-  ::mlag::emu::CpAsyncCommit();
-#else
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-// Waits until at most N of this thread's committed groups are in flight.
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-#if defined(MLAG_CUDA_EMULATION)
-  ::mlag::emu::CpAsyncWait(N);
-#else
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
-}
-__device__ __forceinline__ void CpAsyncWaitAll() { CpAsyncWait<0>(); }
+// cp.async copies (kernels/cuda/warp_ops.cuh).
+using ::mlag::cuda::CpAsync16;
+using ::mlag::cuda::CpAsyncCommit;
+using ::mlag::cuda::CpAsyncWait;
+using ::mlag::cuda::CpAsyncWaitAll;
 
 __host__ __device__ __forceinline__ int ClampLen(int len, int capacity) {
   return len < 0 ? 0 : (len > capacity ? capacity : len);

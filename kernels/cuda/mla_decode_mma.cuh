@@ -78,43 +78,10 @@ inline constexpr size_t MmaSmemBytes(int width) {
          + sizeof(float) * kVecs;                                       // rescale factors
 }
 
-// d += a . b (m16n8k16, bf16 x bf16 -> f32).
-__device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                        uint32_t b1) {
-#if defined(MLAG_CUDA_EMULATION)
-  ::mlag::emu::MmaM16N8K16Bf16(d, a, b0, b1);
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-  __trap();  // the launcher never selects this kernel below sm_80
-#endif
-}
-
-// Four transposed 8x8 bf16 matrices; lane l gives the address of row l % 8
-// of matrix l / 8 (16 bytes, 16-byte aligned). Register m of lane (g, c)
-// receives elements (row 2c, col g) and (row 2c + 1, col g) of matrix m.
-__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const uint16_t* row) {
-#if defined(MLAG_CUDA_EMULATION)
-  ::mlag::emu::LdMatrixX4Trans(r, row);
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-#else
-  (void)row;
-  r[0] = r[1] = r[2] = r[3] = 0;
-  __trap();
-#endif
-}
-
-__device__ __forceinline__ uint32_t PackBf16(uint16_t lo, uint16_t hi) {
-  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
-}
+// The tensor-core instructions (kernels/cuda/warp_ops.cuh).
+using ::mlag::cuda::LdMatrixX4Trans;
+using ::mlag::cuda::MmaBf16;
+using ::mlag::cuda::PackBf16;
 
 // Element d of query vector v of this block (zero for an unused vector).
 __device__ __forceinline__ float QueryElem(const BlockItem& it, int v, int d, int rkv) {

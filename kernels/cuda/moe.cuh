@@ -52,8 +52,8 @@ cudaError_t LaunchMoeRoute(const MoeRouteParams& params, const float* logits, in
 // Local experts (L) the CUDA planner handles: its per-slot counters live in
 // shared memory.
 inline constexpr int kMoeMaxLocalExperts = 8192;
-// D and I are covered by 64-column tiles on gridDim.y (<= 65535).
-inline constexpr int64_t kMoeMaxColumns = int64_t{65535} * 64;
+// D and I are covered by tiles of 32 or more columns on gridDim.y (<= 65535).
+inline constexpr int64_t kMoeMaxColumns = int64_t{65535} * 32;
 
 // Bytes of device scratch LaunchMoeExperts needs for T tokens with K experts
 // each, hidden size D, expert width I and L local experts: per-slot row and
@@ -71,8 +71,7 @@ struct MoeExpertsArgs {
   const int32_t* expert_map = nullptr;  // [E]: global expert -> local slot or -1
   const void* w_gate_up = nullptr;      // [L, 2I, D] contiguous, in w_dtype
   const void* w_down = nullptr;         // [L, D, I] contiguous, in w_dtype
-  // f32, bf16 or fp8 e4m3, each weight widened to f32 as loaded (fp8: times
-  // its scale, rounded once, as Fp8Dequantize).
+  // f32, bf16 or fp8 e4m3: see LaunchMoeExperts for how each is multiplied.
   DType w_dtype = DType::kF32;
   // fp8 only: per-row 128-column block scales, [L, 2I, ceil(D / 128)] and
   // [L, D, ceil(I / 128)] contiguous.
@@ -96,12 +95,27 @@ struct MoeExpertsArgs {
 //   4. combine: out[t] = sum over k, in k order, of w * y[row(t,k)] (0 when no
 //      pair of t is local).
 // The GEMM grids are sized for the worst case (ceil(T*K/BM) + min(L, T*K) row
-// tiles); tiles past the planned count exit at once. f32 operands and f32
-// accumulation, each output a sequential fmaf chain over the reduction
-// dimension, so results do not depend on the tile configuration or on how
-// rows were placed: the op is deterministic.
+// tiles); tiles past the planned count exit at once. How the products are
+// formed (MoeExpertsOnTensorCores tells which applies):
+//   - on tensor cores, bf16 weights (sm_80+): x rounded to bf16, mma.sync
+//     m16n8k16 with f32 accumulation, act rounded to bf16 for down;
+//   - on tensor cores, fp8 weights (sm_89+): x quantized per row and
+//     128-column block to e4m3 (LaunchQuantizeFp8Rows), mma.sync m16n8k32,
+//     each 128-wide K block's f32 sum scaled by the weight row's and the
+//     activation row's block scales and added to an f32 accumulator; act
+//     (f32) quantized the same way for down;
+//   - otherwise (f32 weights, older GPUs): every weight widened to f32 as
+//     loaded (fp8: times its scale, rounded once, as Fp8Dequantize), f32
+//     FMAs, each output a sequential fmaf chain over the reduction.
+// Either way a row's result does not depend on the tile configuration or on
+// how rows were placed: the op is deterministic.
 // Returns cudaErrorInvalidValue for a workspace that is too small or sizes
 // beyond the limits above, else the first launch error.
 cudaError_t LaunchMoeExperts(const MoeExpertsArgs& args, cudaStream_t stream);
+
+// Whether LaunchMoeExperts runs experts with `w_dtype` weights on `device`'s
+// tensor cores (bf16 from sm_80, fp8 from sm_89, in a build with code for
+// such a target).
+cudaError_t MoeExpertsOnTensorCores(int device, DType w_dtype, bool* yes);
 
 }  // namespace mlag::cuda

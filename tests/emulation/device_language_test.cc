@@ -1,6 +1,7 @@
 // The emulated device language (kernels/cuda/emulation/cuda_emulation.h)
 // checked against what a GPU does: the tensor-core mma, as the MLA decode
-// kernel reaches it through MmaBf16, follows the PTX ISA's fragment layout;
+// kernel reaches it through MmaBf16, and ldmatrix (plain and .trans) follow
+// the PTX ISA's fragment layouts;
 // threads waiting at barriers no other live thread reaches are reported as a
 // deadlock instead of hanging.
 //
@@ -14,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_api.cuh"
 #include "kernels/cuda/mla_decode_mma.cuh"
+#include "kernels/cuda/warp_ops.cuh"
 
 namespace {
 
@@ -57,6 +59,55 @@ TEST(CudaEmulationTest, MmaFollowsThePtxLayout) {
     EXPECT_EQ(got[lane * 4 + 1], g * 8 + 2 * t + 1) << lane;
     EXPECT_EQ(got[lane * 4 + 2], (g + 8) * 8 + 2 * t) << lane;
     EXPECT_EQ(got[lane * 4 + 3], (g + 8) * 8 + 2 * t + 1) << lane;
+  }
+}
+
+// One warp: four 8x8 b16 matrices in shared memory, element (m, r, c) =
+// 64 m + 8 r + c; lane l gives row l % 8 of matrix l / 8. Each lane's four
+// registers go to out[lane * 4 + m].
+__global__ void LdMatrixKernel(uint32_t* out, int transposed) {
+  alignas(16) __shared__ uint16_t tile[4 * 64];
+  const int lane = static_cast<int>(threadIdx.x);
+  for (int i = lane; i < 4 * 64; i += 32) tile[i] = static_cast<uint16_t>(i);
+  __syncwarp();
+  const uint16_t* row = tile + (lane / 8) * 64 + (lane % 8) * 8;
+  uint32_t r[4];
+  if (transposed) {
+    mlag::cuda::LdMatrixX4Trans(r, row);
+  } else {
+    mlag::cuda::LdMatrixX4(r, row);
+  }
+  for (int m = 0; m < 4; ++m) out[lane * 4 + m] = r[m];
+}
+
+std::vector<uint32_t> RunLdMatrix(int transposed) {
+  std::vector<uint32_t> got(32 * 4);
+  void* d_out = nullptr;
+  EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(&d_out, got.size() * sizeof(uint32_t)), cudaSuccess);
+  MLAG_LAUNCH(LdMatrixKernel, 1, 32, 0, nullptr)(static_cast<uint32_t*>(d_out), transposed);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(got.data(), d_out, got.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_EQ(cudaFree(d_out), cudaSuccess);
+  return got;
+}
+
+// PTX ISA, ldmatrix: "each thread receives ... row groupID, elements 2 *
+// threadID_in_group and + 1" of each matrix; with .trans, row and column
+// exchange.
+TEST(CudaEmulationTest, LdMatrixFollowsThePtxLayout) {
+  const std::vector<uint32_t> plain = RunLdMatrix(0), trans = RunLdMatrix(1);
+  auto at = [](int m, int r, int c) { return static_cast<uint32_t>(64 * m + 8 * r + c); };
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane >> 2, t = lane & 3;
+    for (int m = 0; m < 4; ++m) {
+      EXPECT_EQ(plain[lane * 4 + m], at(m, g, 2 * t) | at(m, g, 2 * t + 1) << 16)
+          << "lane " << lane << " matrix " << m;
+      EXPECT_EQ(trans[lane * 4 + m], at(m, 2 * t, g) | at(m, 2 * t + 1, g) << 16)
+          << "lane " << lane << " matrix " << m << " (.trans)";
+    }
   }
 }
 

@@ -17,7 +17,8 @@
 // in exact arithmetic, which f32 and double round differently).
 //
 // moe_experts: 1e-5 normwise against per-(token, k) products in double (f32
-// sgemm error is ~1e-6 at these sizes). On CUDA each case also runs with a
+// sgemm error is ~1e-6 at these sizes); bf16 and fp8 weights on tensor cores
+// against the staged reference and its per-element bound (RefExpertsTensorCores). On CUDA each case also runs with a
 // caller workspace of exactly MoeExpertsWorkspaceBytes and a larger one: the
 // same bytes as with the per-stream scratch.
 //
@@ -36,6 +37,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/linear.h"
@@ -537,26 +539,275 @@ absl::Status RunExperts(Stream& s, const ExpertsBufs& b, Buf& out, const Tensor&
                     workspace);
 }
 
-// Expert weights in bf16, or fp8 with per-row 128-column block scales,
-// against the reference on their f32 values. Both backends widen the weights
-// to exactly those values, so they are as close as with f32 weights.
-void ExpertsWeightDtypeCase(Context& ctx, const ExpertsCase& c, DType dtype) {
-  std::mt19937 rng(ctx.NextSeed());
-  ExpertsBufs b = MakeExpertsInputs(ctx, c, rng);
-  LinearWeight gate_up, down;
+// ---- Experts on tensor cores: the reference and its error bound ----------------------------
+//
+// On tensor cores (MoeExpertsOnTensorCores) MoeExperts multiplies x as staged
+// (bf16, or e4m3 per row and 128-column block) and stages the activations
+// the same way for down (kernels/moe.h). The reference follows those steps in
+// double and carries, per element, a bound on how far the device may be from
+// it; every output must lie within its bound. The bound is what the
+// instructions document, not what the emulation shows:
+//   - products of bf16 or e4m3 operands are exact in f32;
+//   - mma.sync's f32 accumulation: the PTX ISA leaves its rounding to the
+//     implementation; bf16 m16n8k16 is taken as truncating (unit 2^-23), and
+//     e4m3 m16n8k32 as keeping ~14 bits (unit 2^-14: DeepSeek-V3's measured
+//     figure for Hopper's FP8 accumulation, the reason its recipe promotes
+//     each 128-wide K block to f32, as the kernel does);
+//   - every f32 operation outside the mma rounds to nearest (unit 2^-24), and
+//     expf is within 2 ulp;
+//   - x's staging is bitwise reproducible (F32ToBf16, QuantizeFp8Blocks);
+//     the activations' staging rounds the device's f32 value, which lies
+//     within the gate_up bound of the reference's: where that interval
+//     rounds (or, for fp8, with the block scale anywhere in its interval) to
+//     one staged value the reference has it exactly, else the bound spans
+//     every value it can round to.
+
+double GammaBound(int64_t n, double unit) { return n * unit / (1.0 - n * unit); }
+
+// Error bound of an f32-accumulated dot product of `n` exact products whose
+// absolute values sum to `abs_sum`.
+double DotBound(DType dtype, int64_t n, double abs_sum) {
+  const double f32 = std::ldexp(1.0, -24);
+  if (dtype == DType::kBF16) return GammaBound(n + 1, std::ldexp(1.0, -23)) * abs_sum;
+  // Within each 128-block (<= 4 mmas of 32), then blocks scaled (2 products)
+  // and summed in f32.
+  const double in_block = GammaBound(kFp8BlockSize + 1, std::ldexp(1.0, -14));
+  return (in_block + GammaBound(Fp8Blocks(n) + 3, f32) * (1.0 + in_block)) * abs_sum;
+}
+
+double Bf16Round(double v) { return Bf16ToF32(F32ToBf16(static_cast<float>(v))); }
+
+// x's row as the tensor-core GEMM multiplies it.
+std::vector<double> StagedRow(DType dtype, const double* x, int64_t n) {
+  std::vector<double> out(Index(n));
+  if (dtype == DType::kBF16) {
+    for (int64_t j = 0; j < n; ++j) out[Index(j)] = Bf16Round(x[j]);
+    return out;
+  }
+  std::vector<float> row(Index(n));
+  for (int64_t j = 0; j < n; ++j) row[Index(j)] = static_cast<float>(x[j]);
+  std::vector<uint8_t> q(Index(n));
+  std::vector<float> s(Index(Fp8Blocks(n)));
+  QuantizeFp8Blocks(row.data(), 1, n, q.data(), s.data());
+  for (int64_t j = 0; j < n; ++j) {
+    out[Index(j)] = static_cast<double>(F8E4M3ToF32(q[Index(j)])) *
+                    static_cast<double>(s[Index(j / kFp8BlockSize)]);
+  }
+  return out;
+}
+
+// The staged activations: for each a[i] (exact) with device error up to
+// da[i], the value `want` the reference multiplies and `err`, how far the
+// device's staged value may be from it.
+void StageActivations(DType dtype, const std::vector<double>& a, const std::vector<double>& da,
+                      std::vector<double>* want, std::vector<double>* err) {
+  const size_t n = a.size();
+  want->assign(n, 0.0);
+  err->assign(n, 0.0);
+  if (dtype == DType::kBF16) {
+    for (size_t i = 0; i < n; ++i) {
+      const double lo = Bf16Round(a[i] - da[i]), hi = Bf16Round(a[i] + da[i]);
+      (*want)[i] = (lo + hi) / 2;
+      (*err)[i] = (hi - lo) / 2;
+    }
+    return;
+  }
+  for (size_t b0 = 0; b0 < n; b0 += kFp8BlockSize) {
+    const size_t b1 = std::min(n, b0 + static_cast<size_t>(kFp8BlockSize));
+    double amax_lo = 0.0, amax_hi = 0.0;
+    for (size_t i = b0; i < b1; ++i) {
+      amax_lo = std::max(amax_lo, std::abs(a[i]) - da[i]);
+      amax_hi = std::max(amax_hi, std::abs(a[i]) + da[i]);
+    }
+    // The device's scale: f32(amax / 448), or 1 for an all-zero block.
+    std::vector<float> scales = {static_cast<float>(static_cast<float>(amax_hi) / 448.0f)};
+    if (amax_lo > 0) scales.push_back(static_cast<float>(amax_lo) / 448.0f);
+    if (amax_lo <= 0) scales.push_back(1.0f);
+    const auto [s_min, s_max] = std::minmax_element(scales.begin(), scales.end());
+    for (size_t i = b0; i < b1; ++i) {
+      // e4m3(v / s) is monotonic in v and, for either sign of v, in s: its
+      // extremes lie at the corners, and the staged value q s within
+      // [q_min, q_max] x [s_min, s_max].
+      double q_min = kInf, q_max = -kInf;
+      for (float s : scales) {
+        for (double v : {a[i] - da[i], a[i] + da[i]}) {
+          const double q = F8E4M3ToF32(F32ToF8E4M3(static_cast<float>(v) / s));
+          q_min = std::min(q_min, q);
+          q_max = std::max(q_max, q);
+        }
+      }
+      double lo = kInf, hi = -kInf;
+      for (double q : {q_min, q_max}) {
+        for (double s : {double{*s_min}, double{*s_max}}) {
+          lo = std::min(lo, q * s);
+          hi = std::max(hi, q * s);
+        }
+      }
+      (*want)[i] = (lo + hi) / 2;
+      (*err)[i] = (hi - lo) / 2;
+    }
+  }
+}
+
+struct BoundedRef {
+  std::vector<double> want, bound;  // [T, D]
+};
+
+// MoeExperts on tensor cores with `dtype` weights (their values in r), in
+// double, with each output's error bound.
+BoundedRef RefExpertsTensorCores(const ExpertsRef& r, DType dtype) {
+  const double f32 = std::ldexp(1.0, -24);
+  BoundedRef out{std::vector<double>(Index(r.T * r.D), 0.0),
+                 std::vector<double>(Index(r.T * r.D), 0.0)};
+  std::vector<double> sum_abs(Index(r.T * r.D), 0.0);  // sum_k |w| (|y| + dy)
+  std::vector<double> a(Index(r.I)), da(Index(r.I)), act, act_err;
+  for (int64_t t = 0; t < r.T; ++t) {
+    const std::vector<double> xs = StagedRow(dtype, r.x.data() + t * r.D, r.D);
+    for (int64_t k = 0; k < r.K; ++k) {
+      const int64_t e = r.ids[Index(t * r.K + k)];
+      if (e < 0 || e >= r.E) continue;
+      const int64_t slot = r.map[Index(e)];
+      if (slot < 0 || slot >= r.L) continue;
+      const double* gu = r.w_gate_up.data() + slot * 2 * r.I * r.D;
+      const double* dn = r.w_down.data() + slot * r.D * r.I;
+      for (int64_t i = 0; i < r.I; ++i) {
+        double g = 0.0, u = 0.0, sg = 0.0, su = 0.0;
+        for (int64_t j = 0; j < r.D; ++j) {
+          g += gu[i * r.D + j] * xs[Index(j)];
+          u += gu[(r.I + i) * r.D + j] * xs[Index(j)];
+          sg += std::abs(gu[i * r.D + j] * xs[Index(j)]);
+          su += std::abs(gu[(r.I + i) * r.D + j] * xs[Index(j)]);
+        }
+        const double dg = DotBound(dtype, r.D, sg), du = DotBound(dtype, r.D, su);
+        const double silu = g / (1.0 + std::exp(-g));
+        a[Index(i)] = silu * u;
+        // |silu'| <= 1.1; the f32 epilogue (expf, +, /, *) within 8 units.
+        da[Index(i)] = 1.1 * (std::abs(u) + du) * dg + (std::abs(silu) + 1.1 * dg) * du +
+                       8 * f32 * (std::abs(silu) + 1.1 * dg) * (std::abs(u) + du) + 1e-30;
+      }
+      StageActivations(dtype, a, da, &act, &act_err);
+      const double w = r.weights[Index(t * r.K + k)];
+      for (int64_t j = 0; j < r.D; ++j) {
+        double y = 0.0, sy = 0.0, dy = 0.0;
+        for (int64_t i = 0; i < r.I; ++i) {
+          y += dn[j * r.I + i] * act[Index(i)];
+          sy += std::abs(dn[j * r.I + i]) * (std::abs(act[Index(i)]) + act_err[Index(i)]);
+          dy += std::abs(dn[j * r.I + i]) * act_err[Index(i)];
+        }
+        dy += DotBound(dtype, r.I, sy);
+        out.want[Index(t * r.D + j)] += w * y;
+        out.bound[Index(t * r.D + j)] += std::abs(w) * dy;
+        sum_abs[Index(t * r.D + j)] += std::abs(w) * (std::abs(y) + dy);
+      }
+    }
+  }
+  // The combine: f32 products and a sum over at most K terms, in k order.
+  for (size_t i = 0; i < out.bound.size(); ++i) {
+    out.bound[i] += GammaBound(r.K + 1, f32) * sum_abs[i];
+  }
+  return out;
+}
+
+// Outputs outside their bound (NaN counts), at most `show` of them described.
+int64_t OutsideBound(const std::vector<double>& got, const BoundedRef& ref, std::string* what,
+                     int show = 5) {
+  int64_t outside = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::abs(got[i] - ref.want[i]);
+    if (err <= ref.bound[i]) continue;
+    if (outside++ < show && what != nullptr) {
+      absl::StrAppend(what, " [", i, "] got ", got[i], " want ", ref.want[i], " bound ",
+                      ref.bound[i], ";");
+    }
+  }
+  return outside;
+}
+
+// Whether this backend runs `dtype` experts on tensor cores.
+bool OnTensorCores(Context& ctx, DType dtype) {
+  const absl::StatusOr<bool> yes = MoeExpertsOnTensorCores(ctx.stream().device(), dtype);
+  EXPECT_TRUE(yes.ok()) << yes.status();
+  return yes.ok() && *yes;
+}
+
+// Checks MoeExperts' output against the reference: on tensor cores within
+// the bound above, and with `check_sensitivity` a reference with two rows of
+// a used expert's w_down exchanged (fp8: only their first block scales) must
+// fall outside it, so that the check can fail; elsewhere 1e-5 normwise
+// against f32-exact products. fp8's bound assumes 14-bit accumulation and
+// so spans about |y| where random signs cancel: its sensitivity is shown on
+// inputs without cancellation (ExpertsCountsCase's `positive`).
+void CheckExpertsOutput(Context& ctx, Buf& out, const ExpertsRef& r, DType dtype,
+                        const std::vector<double>& down_scales, bool check_sensitivity) {
+  if (!OnTensorCores(ctx, dtype)) {
+    ctx.ExpectClose(out, RefExperts(r), Tolerance::F32(1e-5));
+    return;
+  }
+  const std::vector<double> got = ctx.DeviceValues(out);
+  const BoundedRef ref = RefExpertsTensorCores(r, dtype);
+  std::string what;
+  EXPECT_EQ(OutsideBound(got, ref, &what), 0) << "outputs outside the tensor-core bound:" << what;
+  double bound_max = 0.0, want_max = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    bound_max = std::max(bound_max, ref.bound[i]);
+    want_max = std::max(want_max, std::abs(ref.want[i]));
+  }
+  ::testing::Test::RecordProperty("max_bound_over_max_want",
+                                  absl::StrCat(bound_max / std::max(want_max, 1e-300)));
+  if (!check_sensitivity || r.D < 2 || r.I == 0) return;
+  // The first slot with a row routed to it: row 0 of its w_down and another
+  // exchange their block-0 scales (fp8: the row whose scale differs most) or
+  // their values (bf16: row 1).
+  int64_t used = -1;
+  for (size_t p = 0; p < r.ids.size() && used < 0; ++p) {
+    const int64_t e = r.ids[p];
+    if (e >= 0 && e < r.E && r.map[Index(e)] >= 0 && r.map[Index(e)] < r.L) used = r.map[Index(e)];
+  }
+  if (used < 0) return;
+  ExpertsRef swapped = r;
+  double* row0 = swapped.w_down.data() + used * r.D * r.I;
+  double* row1 = row0 + r.I;
+  if (dtype == DType::kF8E4M3) {
+    const int64_t blocks = Fp8Blocks(r.I);
+    const double s0 = down_scales[Index(used * r.D * blocks)];
+    int64_t other = 1;
+    for (int64_t j = 1; j < r.D; ++j) {
+      const double sj = down_scales[Index((used * r.D + j) * blocks)];
+      const double so = down_scales[Index((used * r.D + other) * blocks)];
+      if (std::abs(std::log(sj / s0)) > std::abs(std::log(so / s0))) other = j;
+    }
+    row1 = row0 + other * r.I;
+    const double s1 = down_scales[Index((used * r.D + other) * blocks)];
+    for (int64_t i = 0; i < std::min<int64_t>(r.I, kFp8BlockSize); ++i) {
+      row0[i] *= s1 / s0;
+      row1[i] *= s0 / s1;
+    }
+  } else {
+    std::swap_ranges(row0, row0 + r.I, row1);
+  }
+  EXPECT_GT(OutsideBound(got, RefExpertsTensorCores(swapped, dtype), nullptr), 0)
+      << "a reference with two rows of w_down (fp8: their block-0 scales) exchanged still "
+         "holds the output: the bound is too loose to catch a misplaced weight";
+}
+
+// Expert weights of `dtype` for the inputs `b` (their f32 values are replaced
+// by what the dtype holds; fp8: e4m3 with per-row 128-column block scales in
+// [0.002, 0.004]). The down scales' values go to `down_scales`.
+void MakeExpertWeights(Context& ctx, ExpertsBufs& b, int64_t L, int64_t D, int64_t I, DType dtype,
+                       LinearWeight* gate_up, LinearWeight* down,
+                       std::vector<double>* down_scales) {
   for (auto [name, w, values, out_dim, in_dim] :
-       {std::tuple{"w_gate_up", &gate_up, &b.w_gate_up_values, 2 * c.I, c.D},
-        std::tuple{"w_down", &down, &b.w_down_values, c.D, c.I}}) {
-    Buf& v = ctx.Make(absl::StrCat(name, "_", DTypeName(dtype)), dtype, {c.L, out_dim, in_dim});
+       {std::tuple{"w_gate_up", gate_up, &b.w_gate_up_values, 2 * I, D},
+        std::tuple{"w_down", down, &b.w_down_values, D, I}}) {
+    Buf& v = ctx.Make(absl::StrCat(name, "_", DTypeName(dtype)), dtype, {L, out_dim, in_dim});
     std::vector<double> scales;
     if (dtype == DType::kF8E4M3) {
-      Buf& s = ctx.Make(absl::StrCat(name, "_scales"), kF32, {c.L, out_dim, Fp8Blocks(in_dim)});
+      Buf& s = ctx.Make(absl::StrCat(name, "_scales"), kF32, {L, out_dim, Fp8Blocks(in_dim)});
       ctx.Randomize(s, 0.002, 0.004);
       scales = s.Values();
       w->scales = s.t;
+      if (w == down) *down_scales = scales;
     }
-    // The f32 values stored in the dtype (fp8: divided by their scale first),
-    // and the reference takes what the dtype holds.
     for (size_t i = 0; i < values->size(); ++i) {
       const int64_t row = static_cast<int64_t>(i) / in_dim, col = static_cast<int64_t>(i) % in_dim;
       double& value = (*values)[i];
@@ -573,11 +824,60 @@ void ExpertsWeightDtypeCase(Context& ctx, const ExpertsCase& c, DType dtype) {
     ctx.Upload(v);
     w->values = v.t;
   }
+}
+
+// Expert weights in bf16, or fp8 with per-row 128-column block scales. The
+// host (and CUDA without tensor cores for the dtype) widens them to their
+// exact values; tensor cores take the staged activations (above).
+void ExpertsWeightDtypeCase(Context& ctx, const ExpertsCase& c, DType dtype) {
+  std::mt19937 rng(ctx.NextSeed());
+  ExpertsBufs b = MakeExpertsInputs(ctx, c, rng);
+  LinearWeight gate_up, down;
+  std::vector<double> down_scales;
+  MakeExpertWeights(ctx, b, c.L, c.D, c.I, dtype, &gate_up, &down, &down_scales);
   Buf& out = ctx.Output("out", kF32, {c.T, c.D}, 0, 3, 2);
   ctx.RunOp({&out}, [&](Stream& s) {
     return MoeExperts(s, b.x->t, b.ids->t, b.weights->t, b.map->t, gate_up, down, out.t);
   });
-  ctx.ExpectClose(out, RefExperts(RefInputs(b)), Tolerance::F32(1e-5));
+  CheckExpertsOutput(ctx, out, RefInputs(b), dtype, down_scales, dtype == DType::kBF16);
+}
+
+// K = 1 and experts given exactly `counts[s]` tokens each (0 included: an
+// empty expert), in shuffled token order and shuffled slots: every row-tile
+// height the tensor-core GEMM picks, partial and several tiles per expert.
+void ExpertsCountsCase(Context& ctx, DType dtype, const std::vector<int64_t>& counts, int64_t D,
+                       int64_t I, bool positive = false) {
+  std::mt19937 rng(ctx.NextSeed());
+  const int64_t L = static_cast<int64_t>(counts.size());
+  const int64_t T = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  const ExpertsCase c{T, 1, L, L, D, I, MapKind::kAll, false, 1};
+  ExpertsBufs b = MakeExpertsInputs(ctx, c, rng);
+  std::vector<int32_t> slot_expert(Index(L));  // slot s holds expert slot_expert[s]
+  std::iota(slot_expert.begin(), slot_expert.end(), 0);
+  std::shuffle(slot_expert.begin(), slot_expert.end(), rng);
+  int32_t* map = b.map->HostData<int32_t>();
+  for (int64_t s = 0; s < L; ++s) map[slot_expert[Index(s)]] = static_cast<int32_t>(s);
+  std::vector<int32_t> ids;
+  for (int64_t s = 0; s < L; ++s) ids.insert(ids.end(), Index(counts[Index(s)]), slot_expert[Index(s)]);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::copy(ids.begin(), ids.end(), b.ids->HostData<int32_t>());
+  ctx.Upload(*b.map);
+  ctx.Upload(*b.ids);
+  if (positive) {  // no cancellation anywhere
+    ctx.Randomize(*b.x, 0.1, 1.0);
+    for (std::vector<double>* v : {&b.w_gate_up_values, &b.w_down_values}) {
+      for (double& w : *v) w = std::abs(w);
+    }
+  }
+  LinearWeight gate_up, down;
+  std::vector<double> down_scales;
+  MakeExpertWeights(ctx, b, L, D, I, dtype, &gate_up, &down, &down_scales);
+  Buf& out = ctx.Output("out", kF32, {T, D}, 0, 1, 1);
+  ctx.RunOp({&out}, [&](Stream& s) {
+    return MoeExperts(s, b.x->t, b.ids->t, b.weights->t, b.map->t, gate_up, down, out.t);
+  });
+  CheckExpertsOutput(ctx, out, RefInputs(b), dtype, down_scales,
+                     dtype == DType::kBF16 || positive);
 }
 
 void ExpertsCaseRun(Context& ctx, const ExpertsCase& c) {
@@ -821,6 +1121,24 @@ void AddMoeCases(CaseList& cases) {
                 [c, dtype](Context& ctx) { ExpertsWeightDtypeCase(ctx, c, dtype); });
     }
   }
+  // Tokens per expert 0, 1, 3, 17, 64 and 300, row tiles of 8, 16, 32 and 64
+  // on tensor cores; aligned rows (cp.async weights) and odd K and N.
+  const std::vector<std::vector<int64_t>> counts = {
+      {0, 1, 3, 17}, {1, 17, 30, 0}, {3, 17, 17, 0, 64}, {0, 1, 3, 17, 64, 300}};
+  for (DType dtype : {DType::kBF16, DType::kF8E4M3}) {
+    for (const std::vector<int64_t>& n : counts) {
+      for (auto [D, I] : {std::pair<int64_t, int64_t>{160, 96}, {33, 17}}) {
+        cases.Add("moe_experts",
+                  absl::StrCat(DTypeName(dtype), " weights, tokens per expert ",
+                               absl::StrJoin(n, " "), ", D ", D, " I ", I),
+                  [dtype, n = n, D = D, I = I](Context& ctx) {
+                    ExpertsCountsCase(ctx, dtype, n, D, I);
+                  });
+      }
+    }
+  }
+  cases.Add("moe_experts", "fp8 weights, one exchanged scale is outside the bound",
+            [](Context& ctx) { ExpertsCountsCase(ctx, DType::kF8E4M3, {5, 0, 12}, 160, 96, true); });
   cases.Add("moe_experts", "token with no local expert is zero", TokenWithNoLocalExpertCase);
   cases.Add("moe_experts", "two ranks sum to the full map", TwoRanksCase);
   cases.Add("moe_gate_route_experts", "per-stream scratch",

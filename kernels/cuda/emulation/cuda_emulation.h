@@ -18,7 +18,7 @@
 //     each block, so that reading unwritten shared memory shows up in the
 //     results and running past the dynamic size faults.
 //   * mma.sync.m16n8k16 (bf16 inputs, f32 accumulate), mma.sync.m16n8k32
-//     (e4m3 inputs, f32 accumulate), ldmatrix .x4 .trans
+//     (e4m3 inputs, f32 accumulate), ldmatrix .x4 and .x4 .trans
 //     and __shfl_xor_sync follow the PTX ISA's fragment and lane mappings,
 //     written out independently below; the products are exact and summed in
 //     double, then rounded once to f32.
@@ -574,6 +574,32 @@ inline void MmaM16N8K32E4M3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, 
       });
   const unsigned lane = threadIdx.x & 31;
   std::memcpy(d, Exchanges()[threadIdx.x >> 5].out[lane], 16);
+}
+
+// ldmatrix.sync.aligned.m8n8.x4.shared.b16: lanes 8 m .. 8 m + 7 give the
+// addresses of rows 0..7 of matrix m (8 b16 each); register m of lane
+// (groupID, tig) receives elements (row groupID, col 2 tig) and (row
+// groupID, col 2 tig + 1) of matrix m, low half first.
+inline void LdMatrixX4(uint32_t (&r)[4], const uint16_t* row) {
+  WarpCollective(
+      "ldmatrix",
+      [&](WarpExchange& ex, unsigned lane) {
+        if ((reinterpret_cast<uintptr_t>(row) & 15) != 0)
+          Fail("ldmatrix row address not 16-byte aligned");
+        ex.ptr[lane] = row;
+      },
+      [](WarpExchange& ex) {
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane >> 2, t = lane & 3;
+          for (int m = 0; m < 4; ++m) {
+            const uint16_t* src = static_cast<const uint16_t*>(ex.ptr[8 * m + g]);
+            ex.out[lane][m] =
+                static_cast<uint32_t>(src[2 * t]) | (static_cast<uint32_t>(src[2 * t + 1]) << 16);
+          }
+        }
+      });
+  const unsigned lane = threadIdx.x & 31;
+  for (int m = 0; m < 4; ++m) r[m] = Exchanges()[threadIdx.x >> 5].out[lane][m];
 }
 
 // ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: lanes 8 m .. 8 m + 7 give
