@@ -1,11 +1,10 @@
 // CUDA kernels for kernels/moe.h: the router, and the routed experts as a
 // device-planned grouped GEMM (see kernels/cuda/moe.cuh for the contract).
-#include "kernels/common/routing_math.h"
-#include "kernels/cuda/moe.cuh"
-
 #include <algorithm>
 
+#include "kernels/common/routing_math.h"
 #include "kernels/cuda/fp8_gemm.cuh"
+#include "kernels/cuda/moe.cuh"
 #include "kernels/cuda/warp_ops.cuh"
 
 namespace mlag::cuda {
@@ -649,8 +648,8 @@ __global__ void __launch_bounds__(kTcThreads) MoeTcGemmKernel(TcGemmArgs p) {
     for (int h = 0; h < 2; ++h) {
       const int64_t r = weight_row(16 * warp + g + 8 * h);
       if (r >= 0) {
-        sw_row[h] = p.b_scales + static_cast<int64_t>(slot) * p.b_scales_slot_stride +
-                    r * scale_blocks;
+        sw_row[h] =
+            p.b_scales + static_cast<int64_t>(slot) * p.b_scales_slot_stride + r * scale_blocks;
       }
     }
   }
@@ -740,7 +739,8 @@ __global__ void __launch_bounds__(kTcThreads) MoeTcGemmKernel(TcGemmArgs p) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) up_s[((warp - 2) * 32 + lane) * NT * 4 + nt * 4 + e] = acc[nt][e];
+        for (int e = 0; e < 4; ++e)
+          up_s[((warp - 2) * 32 + lane) * NT * 4 + nt * 4 + e] = acc[nt][e];
       }
     }
     __syncthreads();
@@ -813,8 +813,8 @@ cudaError_t LaunchTcGemmNt(const TcGemmArgs& p, int max_tiles, cudaStream_t stre
                   static_cast<unsigned>((p.n + features - 1) / features));
   const bool vec_w = p.k * static_cast<int64_t>(sizeof(WT)) % 16 == 0 &&
                      reinterpret_cast<uintptr_t>(p.b) % 16 == 0;
-  auto* const kernel = vec_w ? MoeTcGemmKernel<WT, kGateUp, NT, true>
-                             : MoeTcGemmKernel<WT, kGateUp, NT, false>;
+  auto* const kernel =
+      vec_w ? MoeTcGemmKernel<WT, kGateUp, NT, true> : MoeTcGemmKernel<WT, kGateUp, NT, false>;
   MLAG_LAUNCH(kernel, grid, kTcThreads, TcSmemBytes(8 * NT), stream)(p);
   return cudaGetLastError();
 }
@@ -1028,8 +1028,8 @@ cudaError_t MoeExpertsOnTensorCores(int device, DType w_dtype, bool* yes) {
   cudaFuncAttributes built{};
   err = cudaFuncGetAttributes(&built, MoeTcGemmKernel<uint8_t, true, 1, true>);
   if (err != cudaSuccess) return err;
-  *yes = major * 10 + minor >= needed && built.binaryVersion >= needed &&
-         built.ptxVersion >= needed;
+  *yes =
+      major * 10 + minor >= needed && built.binaryVersion >= needed && built.ptxVersion >= needed;
   return cudaSuccess;
 }
 
@@ -1043,7 +1043,8 @@ cudaError_t LaunchMoeExperts(const MoeExpertsArgs& a, cudaStream_t stream) {
   if (a.workspace_bytes < layout.total || (a.workspace == nullptr && layout.total > 0)) {
     return cudaErrorInvalidValue;
   }
-  if (a.w_dtype == DType::kF8E4M3 && (a.w_gate_up_scales == nullptr || a.w_down_scales == nullptr)) {
+  if (a.w_dtype == DType::kF8E4M3 &&
+      (a.w_gate_up_scales == nullptr || a.w_down_scales == nullptr)) {
     return cudaErrorInvalidValue;
   }
   if (a.T == 0 || a.D == 0) return cudaSuccess;

@@ -18,9 +18,9 @@
 //
 // moe_experts: 1e-5 normwise against per-(token, k) products in double (f32
 // sgemm error is ~1e-6 at these sizes); bf16 and fp8 weights on tensor cores
-// against the staged reference and its per-element bound (RefExpertsTensorCores). On CUDA each case also runs with a
-// caller workspace of exactly MoeExpertsWorkspaceBytes and a larger one: the
-// same bytes as with the per-stream scratch.
+// against the staged reference and its per-element bound (RefExpertsTensorCores). On CUDA each case
+// also runs with a caller workspace of exactly MoeExpertsWorkspaceBytes and a larger one: the same
+// bytes as with the per-stream scratch.
 //
 // moe_gate_route_experts: gate Linear, MoeRoute and MoeExperts captured as one
 // graph; besides RunOp's replay-equals-eager check, the graph is replayed on
@@ -858,7 +858,8 @@ void ExpertsCountsCase(Context& ctx, DType dtype, const std::vector<int64_t>& co
   int32_t* map = b.map->HostData<int32_t>();
   for (int64_t s = 0; s < L; ++s) map[slot_expert[Index(s)]] = static_cast<int32_t>(s);
   std::vector<int32_t> ids;
-  for (int64_t s = 0; s < L; ++s) ids.insert(ids.end(), Index(counts[Index(s)]), slot_expert[Index(s)]);
+  for (int64_t s = 0; s < L; ++s)
+    ids.insert(ids.end(), Index(counts[Index(s)]), slot_expert[Index(s)]);
   std::shuffle(ids.begin(), ids.end(), rng);
   std::copy(ids.begin(), ids.end(), b.ids->HostData<int32_t>());
   ctx.Upload(*b.map);
@@ -876,8 +877,7 @@ void ExpertsCountsCase(Context& ctx, DType dtype, const std::vector<int64_t>& co
   ctx.RunOp({&out}, [&](Stream& s) {
     return MoeExperts(s, b.x->t, b.ids->t, b.weights->t, b.map->t, gate_up, down, out.t);
   });
-  CheckExpertsOutput(ctx, out, RefInputs(b), dtype, down_scales,
-                     dtype == DType::kBF16 || positive);
+  CheckExpertsOutput(ctx, out, RefInputs(b), dtype, down_scales, dtype == DType::kBF16 || positive);
 }
 
 void ExpertsCaseRun(Context& ctx, const ExpertsCase& c) {
@@ -1128,17 +1128,18 @@ void AddMoeCases(CaseList& cases) {
   for (DType dtype : {DType::kBF16, DType::kF8E4M3}) {
     for (const std::vector<int64_t>& n : counts) {
       for (auto [D, I] : {std::pair<int64_t, int64_t>{160, 96}, {33, 17}}) {
-        cases.Add("moe_experts",
-                  absl::StrCat(DTypeName(dtype), " weights, tokens per expert ",
-                               absl::StrJoin(n, " "), ", D ", D, " I ", I),
-                  [dtype, n = n, D = D, I = I](Context& ctx) {
-                    ExpertsCountsCase(ctx, dtype, n, D, I);
-                  });
+        cases.Add(
+            "moe_experts",
+            absl::StrCat(DTypeName(dtype), " weights, tokens per expert ", absl::StrJoin(n, " "),
+                         ", D ", D, " I ", I),
+            [dtype, n = n, D = D, I = I](Context& ctx) { ExpertsCountsCase(ctx, dtype, n, D, I); });
       }
     }
   }
   cases.Add("moe_experts", "fp8 weights, one exchanged scale is outside the bound",
-            [](Context& ctx) { ExpertsCountsCase(ctx, DType::kF8E4M3, {5, 0, 12}, 160, 96, true); });
+            [](Context& ctx) {
+              ExpertsCountsCase(ctx, DType::kF8E4M3, {5, 0, 12}, 160, 96, true);
+            });
   cases.Add("moe_experts", "token with no local expert is zero", TokenWithNoLocalExpertCase);
   cases.Add("moe_experts", "two ranks sum to the full map", TwoRanksCase);
   cases.Add("moe_gate_route_experts", "per-stream scratch",
