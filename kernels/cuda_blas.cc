@@ -369,11 +369,20 @@ absl::Status LinearFp8(Stream& stream, const Tensor& x, const Tensor& weight, co
         absl::StrCat("linear: fp8 weights need an sm_89 or newer GPU and a build for it (",
                      stream.device().name(), "); the loader keeps them in bf16 there"));
   }
+  int sm_count = 0;
+  MLAG_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, stream.device().index()));
+  const int splits = cuda::Fp8GemmSplits(rows, out, in, sm_count);
   const size_t scale_bytes = static_cast<size_t>(rows * ((in + 127) / 128)) * sizeof(float);
-  MLAG_ASSIGN_OR_RETURN(void* scratch,
-                        Scratch(stream, cuda::Fp8QuantizedBytes(rows, in), "linear (fp8)"));
+  const size_t quantized_bytes = (cuda::Fp8QuantizedBytes(rows, in) + 255) / 256 * 256;
+  MLAG_ASSIGN_OR_RETURN(
+      void* scratch, Scratch(stream, quantized_bytes + cuda::Fp8GemmPartialBytes(rows, out, splits),
+                             "linear (fp8)"));
   float* sx = static_cast<float*>(scratch);
   uint8_t* qx = static_cast<uint8_t*>(scratch) + (scale_bytes + 255) / 256 * 256;
+  float* partials = splits > 1
+                        ? reinterpret_cast<float*>(static_cast<char*>(scratch) + quantized_bytes)
+                        : nullptr;
   return stream.LaunchCuda(
       "linear", OpKind::kGemm,
       [&](void* s) {
@@ -381,9 +390,9 @@ absl::Status LinearFp8(Stream& stream, const Tensor& x, const Tensor& weight, co
         cudaError_t err =
             cuda::LaunchQuantizeFp8Rows(x.data_as<float>(), rows, in, x.stride(0), qx, sx, cs);
         if (err != cudaSuccess) return static_cast<int>(err);
-        return static_cast<int>(cuda::LaunchFp8BlockGemm(qx, sx, weight.data_as<uint8_t>(),
-                                                         scales.data_as<float>(), rows, out, in,
-                                                         y.data_as<float>(), y.stride(0), cs));
+        return static_cast<int>(cuda::LaunchFp8BlockGemm(
+            qx, sx, weight.data_as<uint8_t>(), scales.data_as<float>(), rows, out, in,
+            y.data_as<float>(), y.stride(0), splits, partials, cs));
       },
       OpCost{static_cast<double>(weight.nbytes() + scales.nbytes()) +
                  // x read as f32 and written and read again as e4m3; y written

@@ -27,4 +27,15 @@ namespace mlag {
 absl::Status MlaKvUpdate(Stream& stream, const Tensor& kv_c, const Tensor& k_pe,
                          const Tensor& slot_mapping, const Tensor& cache);
 
+// ApplyRope(positions, table, q_pe, k_pe) (kernels/rope.h) and then
+// MlaKvUpdate(kv_c, k_pe, slot_mapping, cache), as one op: the same bytes in
+// q_pe, k_pe and the cache as the two calls. The arguments are those of the
+// two ops (k_pe f32, as rope takes it), and slot_mapping has at most as many
+// entries as positions. CUDA runs both in one launch, one thread block per
+// token (a step's `kv_update` graph node then carries its rope too); the
+// host runs the two host kernels.
+absl::Status MlaRopeKvUpdate(Stream& stream, const Tensor& positions, const Tensor& table,
+                             const Tensor& q_pe, const Tensor& kv_c, const Tensor& k_pe,
+                             const Tensor& slot_mapping, const Tensor& cache);
+
 }  // namespace mlag

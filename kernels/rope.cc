@@ -93,8 +93,8 @@ absl::Status FillRopeTable(const RopeParams& params, const Tensor& table) {
   return absl::OkStatus();
 }
 
-absl::Status ApplyRope(Stream& stream, const Tensor& positions, const Tensor& table,
-                       const Tensor& q_pe, const Tensor& k_pe) {
+absl::Status CheckApplyRopeArgs(Stream& stream, const Tensor& positions, const Tensor& table,
+                                const Tensor& q_pe, const Tensor& k_pe) {
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, positions, "positions"));
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, table, "table"));
   MLAG_RETURN_IF_ERROR(CheckOnStream(stream, q_pe, "q_pe"));
@@ -114,7 +114,14 @@ absl::Status ApplyRope(Stream& stream, const Tensor& positions, const Tensor& ta
   MLAG_RETURN_IF_ERROR(CheckShape(table, "table", {-1, dr}));
   MLAG_RETURN_IF_ERROR(CheckRowMajor(q_pe, "q_pe"));
   MLAG_RETURN_IF_ERROR(CheckRowMajor(k_pe, "k_pe"));
-  MLAG_RETURN_IF_ERROR(CheckRowMajor(table, "table"));
+  return CheckRowMajor(table, "table");
+}
+
+absl::Status ApplyRope(Stream& stream, const Tensor& positions, const Tensor& table,
+                       const Tensor& q_pe, const Tensor& k_pe) {
+  MLAG_RETURN_IF_ERROR(CheckApplyRopeArgs(stream, positions, table, q_pe, k_pe));
+  const int64_t num_tokens = positions.size(0);
+  const int64_t dr = q_pe.size(2);
   if (stream.is_cuda()) {
 #if MLAG_HAVE_CUDA
     return stream.LaunchCuda(

@@ -63,4 +63,8 @@ absl::Status FillRopeTable(const RopeParams& params, const Tensor& table);
 absl::Status ApplyRope(Stream& stream, const Tensor& positions, const Tensor& table,
                        const Tensor& q_pe, const Tensor& k_pe);
 
+// The argument checks of ApplyRope, for ops that fuse it (MlaRopeKvUpdate).
+absl::Status CheckApplyRopeArgs(Stream& stream, const Tensor& positions, const Tensor& table,
+                                const Tensor& q_pe, const Tensor& k_pe);
+
 }  // namespace mlag

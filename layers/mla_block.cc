@@ -92,22 +92,19 @@ absl::Status MlaBlock::Forward(Stream& stream, const AttentionMetadata& meta,
     MLAG_RETURN_IF_ERROR(RmsNorm(stream, kv_a.Slice(1, 0, R), w_kv_a_norm_, kLatentNormEps, kv_c));
   }
 
-  // Rope on q_pe of every head and on the shared k_pe, in place.
+  // Rope on q_pe of every head and on the shared k_pe happens in place in
+  // the attention's kv_update node, fused with the cache write.
   MLAG_ASSIGN_OR_RETURN(Tensor q3, q.Reshape({T, H, dq}));
   const Tensor q_nope = q3.Slice(2, 0, dn);
   const Tensor q_pe = q3.Slice(2, dn, dq);
   const Tensor k_pe = kv_a.Slice(1, R, R + dr);
-  {
-    NodeScope s(stream, Node("rope"), OpKind::kKernel);
-    MLAG_RETURN_IF_ERROR(ApplyRope(stream, Rows(meta.positions, T), rope_table, q_pe, k_pe));
-  }
 
   // Absorbed attention in the latent space, then back to per-head values.
   const Tensor q_latent = Rows(acts.q_latent, T);
   const Tensor out_latent = Rows(acts.out_latent, T);
   MLAG_RETURN_IF_ERROR(attention_->AbsorbQuery(stream, q_nope, q_latent));
-  MLAG_RETURN_IF_ERROR(
-      attention_->Forward(stream, meta, kv_c, k_pe, q_latent, q_pe, out_latent, Rows(acts.lse, T)));
+  MLAG_RETURN_IF_ERROR(attention_->Forward(stream, meta, rope_table, kv_c, k_pe, q_latent, q_pe,
+                                           out_latent, Rows(acts.lse, T)));
   const Tensor v = Rows(acts.v, T);
   MLAG_ASSIGN_OR_RETURN(Tensor v3, v.Reshape({T, H, int64_t{c.v_head_dim}}));
   MLAG_RETURN_IF_ERROR(attention_->ExpandOutput(stream, out_latent, v3));

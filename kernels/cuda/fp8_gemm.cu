@@ -1,20 +1,13 @@
+#include <algorithm>
+
 #include "kernels/cuda/fp8_gemm.cuh"
-#include "kernels/cuda/warp_ops.cuh"
+#include "kernels/cuda/tc_gemm.cuh"
 
 namespace mlag::cuda {
 namespace {
 
 constexpr int kQuantThreads = 128;  // one thread per column of a 128-column block
 static_assert(kQuantThreads == kFp8GemmBlockK, "one thread per column of a block");
-
-// GEMM tiles: 4 warps, each 16 output features (the mma's M) by
-// kGemmTokenTiles x 8 rows of x (its N): x is the narrow operand in decode.
-constexpr int kGemmWarps = 4;
-constexpr int kGemmThreads = 32 * kGemmWarps;
-constexpr int kGemmTokenTiles = 4;
-constexpr int64_t kGemmFeatures = 16 * kGemmWarps;
-constexpr int64_t kGemmTokens = 8 * kGemmTokenTiles;
-constexpr int64_t kMmaK = 32;
 
 __host__ __device__ inline int64_t ScaleBlocks(int64_t cols) {
   return (cols + kFp8GemmBlockK - 1) / kFp8GemmBlockK;
@@ -51,74 +44,28 @@ __global__ void __launch_bounds__(kQuantThreads)
   }
 }
 
-// Four consecutive bytes of a row from column k, zeros past `len`; a word
-// load when the row's bytes allow it.
-__device__ __forceinline__ uint32_t LoadBytes4(const uint8_t* row, int64_t k, int64_t len,
-                                               bool word_aligned) {
-  if (word_aligned && k + 4 <= len) return *reinterpret_cast<const uint32_t*>(row + k);
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) {
-    if (k + i < len) v |= static_cast<uint32_t>(row[k + i]) << (8 * i);
-  }
-  return v;
+// Row-tile height of the dense GEMM: the smallest of 8, 16, 32, 64 holding
+// the rows (x's rows are the mma's N).
+int64_t DenseTileRows(int64_t rows) {
+  return rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : 64;
 }
 
-// grid (ceil(out / kGemmFeatures), ceil(rows / kGemmTokens)). Warp w owns
-// features [f0, f0 + 16) and the block's tokens; lane (g, tig) holds
-// features f0 + g and f0 + g + 8 for tokens 2 tig, 2 tig + 1 of each tile.
-__global__ void __launch_bounds__(kGemmThreads)
-    Fp8BlockGemmKernel(const uint8_t* qx, int64_t pitch, const float* sx, const uint8_t* w,
-                       const float* sw, int64_t rows, int64_t out, int64_t k, float* y,
-                       int64_t ldy) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, tig = lane & 3;
-  const int64_t f0 = static_cast<int64_t>(blockIdx.x) * kGemmFeatures + warp * 16;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kGemmTokens;
-  const int64_t scale_blocks = ScaleBlocks(k);
-  const int64_t f_lo = f0 + g, f_hi = f0 + g + 8;
-  const uint8_t* w_lo = f_lo < out ? w + f_lo * k : nullptr;
-  const uint8_t* w_hi = f_hi < out ? w + f_hi * k : nullptr;
-  const bool w_words = k % 4 == 0;
-  float acc[kGemmTokenTiles][4] = {};
-  for (int64_t kb = 0; kb < scale_blocks; ++kb) {
-    float part[kGemmTokenTiles][4] = {};
-    for (int64_t k0 = kb * kFp8GemmBlockK; k0 < (kb + 1) * kFp8GemmBlockK && k0 < k; k0 += kMmaK) {
-      const int64_t ka = k0 + 4 * tig, kc = ka + 16;
-      uint32_t a[4];
-      a[0] = w_lo != nullptr ? LoadBytes4(w_lo, ka, k, w_words) : 0u;
-      a[1] = w_hi != nullptr ? LoadBytes4(w_hi, ka, k, w_words) : 0u;
-      a[2] = w_lo != nullptr ? LoadBytes4(w_lo, kc, k, w_words) : 0u;
-      a[3] = w_hi != nullptr ? LoadBytes4(w_hi, kc, k, w_words) : 0u;
-      for (int nt = 0; nt < kGemmTokenTiles; ++nt) {
-        const int64_t t = t0 + nt * 8 + g;
-        const uint8_t* xrow = t < rows ? qx + t * pitch : nullptr;
-        const uint32_t b0 = xrow != nullptr ? LoadBytes4(xrow, ka, pitch, true) : 0u;
-        const uint32_t b1 = xrow != nullptr ? LoadBytes4(xrow, kc, pitch, true) : 0u;
-        MmaE4M3(part[nt], a, b0, b1);
-      }
-    }
-    const float sw_lo = f_lo < out ? sw[f_lo * scale_blocks + kb] : 0.0f;
-    const float sw_hi = f_hi < out ? sw[f_hi * scale_blocks + kb] : 0.0f;
-    for (int nt = 0; nt < kGemmTokenTiles; ++nt) {
-      const int64_t ta = t0 + nt * 8 + 2 * tig, tb = ta + 1;
-      const float sx_a = ta < rows ? sx[ta * scale_blocks + kb] : 0.0f;
-      const float sx_b = tb < rows ? sx[tb * scale_blocks + kb] : 0.0f;
-      acc[nt][0] += part[nt][0] * (sw_lo * sx_a);
-      acc[nt][1] += part[nt][1] * (sw_lo * sx_b);
-      acc[nt][2] += part[nt][2] * (sw_hi * sx_a);
-      acc[nt][3] += part[nt][3] * (sw_hi * sx_b);
-    }
-  }
-  for (int nt = 0; nt < kGemmTokenTiles; ++nt) {
-    const int64_t ta = t0 + nt * 8 + 2 * tig, tb = ta + 1;
-    if (f_lo < out) {
-      if (ta < rows) y[ta * ldy + f_lo] = acc[nt][0];
-      if (tb < rows) y[tb * ldy + f_lo] = acc[nt][1];
-    }
-    if (f_hi < out) {
-      if (ta < rows) y[ta * ldy + f_hi] = acc[nt][2];
-      if (tb < rows) y[tb * ldy + f_hi] = acc[nt][3];
-    }
+// K blocks (of 128) a split takes at least: 4 fill a BT = 8 ring.
+constexpr int64_t kMinSplitBlocks = 4;
+
+constexpr int kSumThreads = 256;
+
+// y[r][f] = sum over z, in z order, of part[z][r][f].
+__global__ void __launch_bounds__(kSumThreads)
+    SumSplitsKernel(const float* __restrict__ part, int splits, int64_t rows, int64_t out,
+                    float* __restrict__ y, int64_t ldy) {
+  const int64_t n = rows * out;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float acc = part[idx];
+    for (int z = 1; z < splits; ++z) acc += part[z * n + idx];
+    const int64_t r = idx / out;
+    y[r * ldy + (idx - r * out)] = acc;
   }
 }
 
@@ -139,7 +86,7 @@ cudaError_t Fp8BlockGemmSupported(int device, bool* supported) {
   // The kernel's code must be built for sm_89 or newer too (a build for an
   // older target only would JIT PTX that traps).
   cudaFuncAttributes built{};
-  err = cudaFuncGetAttributes(&built, Fp8BlockGemmKernel);
+  err = cudaFuncGetAttributes(&built, tc_gemm::TcGemmKernel<uint8_t, false, 1, true>);
   if (err != cudaSuccess) return err;
   *supported = major * 10 + minor >= 89 && built.binaryVersion >= 89 && built.ptxVersion >= 89;
   return cudaSuccess;
@@ -156,16 +103,61 @@ cudaError_t LaunchQuantizeFp8Rows(const float* x, int64_t rows, int64_t cols, in
   return cudaGetLastError();
 }
 
+int Fp8GemmSplits(int64_t rows, int64_t out, int64_t k, int sm_count) {
+  if (rows <= 0 || out <= 0 || k <= 0) return 1;
+  const int64_t ctas = (rows + DenseTileRows(rows) - 1) / DenseTileRows(rows) *
+                       ((out + tc_gemm::kTcRows - 1) / tc_gemm::kTcRows);
+  const int64_t want = 2 * static_cast<int64_t>(sm_count > 0 ? sm_count : 1);
+  if (ctas >= want) return 1;
+  const int64_t by_k = ScaleBlocks(k) / kMinSplitBlocks;
+  const int64_t splits = std::min<int64_t>({(want + ctas - 1) / ctas, by_k, kFp8GemmMaxSplits});
+  return splits > 1 ? static_cast<int>(splits) : 1;
+}
+
+size_t Fp8GemmPartialBytes(int64_t rows, int64_t out, int splits) {
+  if (splits <= 1 || rows <= 0 || out <= 0) return 0;
+  return static_cast<size_t>(splits) * static_cast<size_t>(rows * out) * sizeof(float);
+}
+
 cudaError_t LaunchFp8BlockGemm(const uint8_t* qx, const float* sx, const uint8_t* w,
                                const float* sw, int64_t rows, int64_t out, int64_t k, float* y,
-                               int64_t ldy, cudaStream_t stream) {
+                               int64_t ldy, int splits, float* partials, cudaStream_t stream) {
   if (rows <= 0 || out <= 0) return cudaSuccess;
-  const int64_t grid_y = (rows + kGemmTokens - 1) / kGemmTokens;
-  if (grid_y > 65535) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>((out + kGemmFeatures - 1) / kGemmFeatures),
-                  static_cast<unsigned>(grid_y));
-  MLAG_LAUNCH(Fp8BlockGemmKernel, grid, kGemmThreads, 0, stream)
-  (qx, Fp8QuantizedPitch(k), sx, w, sw, rows, out, k, y, ldy);
+  // The grouped tensor-core GEMM (kernels/cuda/tc_gemm.cuh) on one dense
+  // slot: row tiles of 8-64 rows of x on gridDim.x, 64 weight rows a CTA on
+  // y, K slices on z.
+  const int64_t tile_rows = DenseTileRows(rows);
+  const int64_t tiles = (rows + tile_rows - 1) / tile_rows;
+  if (rows > 0x7fffffff - 64 || out > int64_t{65535} * tc_gemm::kTcRows || k > 0x7fffffff ||
+      splits < 1 || splits > kFp8GemmMaxSplits || (splits > 1 && partials == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  tc_gemm::TcGemmArgs p{};
+  p.a = qx;
+  p.a_pitch = Fp8QuantizedPitch(k);
+  p.a_scales = sx;
+  p.b = w;
+  p.b_scales = sw;
+  p.n = static_cast<int>(out);
+  p.k = static_cast<int>(k);
+  p.c = y;
+  p.ldc = ldy;
+  p.dense_rows = static_cast<int>(rows);
+  if (splits > 1) {
+    const int64_t blocks = ScaleBlocks(k);
+    p.split_stages = static_cast<int>((blocks + splits - 1) / splits);
+    splits = static_cast<int>((blocks + p.split_stages - 1) / p.split_stages);  // none empty
+    p.c = partials;
+    p.ldc = out;
+    p.c_split_stride = rows * out;
+  }
+  cudaError_t err = tc_gemm::LaunchTcGemm<uint8_t, false>(static_cast<int>(tile_rows), p,
+                                                          static_cast<int>(tiles), stream, splits);
+  if (err != cudaSuccess || splits == 1) return err;
+  const int64_t n = rows * out;
+  const int64_t grid = std::min<int64_t>((n + kSumThreads - 1) / kSumThreads, 65535 * 8);
+  MLAG_LAUNCH(SumSplitsKernel, static_cast<unsigned>(grid), kSumThreads, 0, stream)
+  (partials, splits, rows, out, y, ldy);
   return cudaGetLastError();
 }
 

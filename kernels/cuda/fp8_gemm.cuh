@@ -5,6 +5,9 @@
 // cores (mma.sync m16n8k32) and the block scales applied per 128-wide K
 // slice to an f32 accumulator:
 //   y[t][f] = sum_kb sx[t][kb] * sw[f][kb] * (sum_{k in kb} qx[t][k] qw[f][k]).
+// The GEMM is the routed experts' tensor-core kernel on one dense slot
+// (kernels/cuda/tc_gemm.cuh: weights streamed through a cp.async ring,
+// ldmatrix, 64 weight rows per CTA; design figures there).
 // Older GPUs (and builds without an sm_89+ target) dequantize fp8 weights to
 // bf16 at load instead (layers/weight_arena.cc): Fp8BlockGemmSupported.
 // CUDA and the standard library only.
@@ -39,11 +42,26 @@ cudaError_t Fp8BlockGemmSupported(int device, bool* supported);
 cudaError_t LaunchQuantizeFp8Rows(const float* x, int64_t rows, int64_t cols, int64_t ld,
                                   uint8_t* qx, float* sx, cudaStream_t stream);
 
+// K splits of the GEMM for [rows, k] x [out, k]^T on a GPU of `sm_count` SMs:
+// 1 when the output tiles (ceil(rows / tile rows) x ceil(out / 64)) give two
+// CTAs per SM, else enough slices of K for that, each at least 4 K blocks
+// (512 bytes of every weight row) and at most kFp8GemmMaxSplits. A decode
+// step's narrow projections (kv_a_proj: 576 rows of 7168, 9 tiles) would
+// otherwise stream their weights from a handful of SMs. Pure arithmetic.
+inline constexpr int kFp8GemmMaxSplits = 16;
+int Fp8GemmSplits(int64_t rows, int64_t out, int64_t k, int sm_count);
+
+// Device bytes of the f32 partial sums for `splits` > 1 (0 for 1).
+size_t Fp8GemmPartialBytes(int64_t rows, int64_t out, int splits);
+
 // y [rows, out] (row stride ldy) = the product above, from LaunchQuantizeFp8Rows's
 // qx and sx and the weights w [out, k] (e4m3, contiguous) with per-row scales
-// sw [out, ceil(k / 128)].
+// sw [out, ceil(k / 128)]. With splits > 1, each K slice writes its partial
+// sums to `partials` (Fp8GemmPartialBytes) and one more kernel adds them in
+// slice order, so the bits depend on the split count, which depends on the
+// shapes and the GPU only.
 cudaError_t LaunchFp8BlockGemm(const uint8_t* qx, const float* sx, const uint8_t* w,
                                const float* sw, int64_t rows, int64_t out, int64_t k, float* y,
-                               int64_t ldy, cudaStream_t stream);
+                               int64_t ldy, int splits, float* partials, cudaStream_t stream);
 
 }  // namespace mlag::cuda

@@ -1,8 +1,10 @@
 // The MLA KV-cache write (kernels/mla_kv_update.h) on CUDA: one thread block
-// per token, a dummy or padding token (slot < 0) leaves at once.
+// per token, a dummy or padding token (slot < 0) leaves at once; and the same
+// write with the step's rope fused in front of it (one launch for both).
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/common/rope_math.h"
 #include "kernels/cuda/mla_kv_update.cuh"
 #include "runtime/core/scalar_types.h"
 
@@ -91,6 +93,48 @@ __global__ void __launch_bounds__(kThreads)
   CopySegment<SrcPe, Dst>(k_pe + t * k_pe_row_stride, row + rkv, dr);
 }
 
+template <typename SrcC, typename Dst>
+__global__ void __launch_bounds__(kThreads) MlaRopeKvUpdateKernel(const RopeKvUpdateArgs a) {
+  const int64_t t = blockIdx.x;
+  const int64_t p = a.positions[t * a.position_stride];
+  const bool rotate = p >= 0 && p < a.table_rows;  // else left unchanged, as ApplyRope
+  const int64_t slot = t < a.num_slot_tokens ? a.slot_mapping[t * a.slot_mapping_stride] : -1;
+  Dst* row = slot >= 0 && slot < a.num_slots
+                 ? static_cast<Dst*>(a.cache) + slot * (a.rkv + 2 * a.half)
+                 : nullptr;
+  const float* cos_row = a.table + (rotate ? p : 0) * a.table_row_stride;
+  const float* sin_row = cos_row + a.half;
+  // The pairs of every head of q_pe, then k_pe's (the last "head"), whose
+  // rotated values also go to the cache row.
+  for (int64_t idx = threadIdx.x; idx < (a.heads + 1) * a.half; idx += kThreads) {
+    const int64_t h = idx / a.half;
+    const int64_t i = idx - h * a.half;
+    float* x = h < a.heads ? a.q_pe + t * a.q_token_stride + h * a.q_head_stride
+                           : a.k_pe + t * a.k_pe_row_stride;
+    float y0 = x[2 * i], y1 = x[2 * i + 1];
+    if (rotate) {
+      RopeRotatePair(x[2 * i], x[2 * i + 1], cos_row[i], sin_row[i], &y0, &y1);
+      x[2 * i] = y0;
+      x[2 * i + 1] = y1;
+    }
+    if (h == a.heads && row != nullptr) {
+      row[a.rkv + 2 * i] = ConvertElement<float, Dst>(y0);
+      row[a.rkv + 2 * i + 1] = ConvertElement<float, Dst>(y1);
+    }
+  }
+  if (row != nullptr) {
+    CopySegment<SrcC, Dst>(static_cast<const SrcC*>(a.kv_c) + t * a.kv_c_row_stride, row,
+                           static_cast<int>(a.rkv));
+  }
+}
+
+template <typename SrcC, typename Dst>
+cudaError_t LaunchRopeKv(const RopeKvUpdateArgs& a, cudaStream_t stream) {
+  auto* const kernel = MlaRopeKvUpdateKernel<SrcC, Dst>;
+  MLAG_LAUNCH(kernel, static_cast<unsigned>(a.num_tokens), kThreads, 0, stream)(a);
+  return cudaGetLastError();
+}
+
 struct KvArgs {
   const void* kv_c;
   int64_t kv_c_row_stride;
@@ -150,6 +194,22 @@ cudaError_t LaunchMlaKvUpdate(const void* kv_c, DType kv_c_dtype, int64_t kv_c_r
   }
   return k_pe_dtype == DType::kF32 ? LaunchForCache<uint16_t, float>(a, cache_dtype, stream)
                                    : LaunchForCache<uint16_t, uint16_t>(a, cache_dtype, stream);
+}
+
+cudaError_t LaunchMlaRopeKvUpdate(const RopeKvUpdateArgs& a, cudaStream_t stream) {
+  auto is_float = [](DType dtype) { return dtype == DType::kF32 || dtype == DType::kBF16; };
+  if (a.num_tokens < 0 || a.num_tokens > 0x7fffffff || a.half < 0 || a.heads < 0 || a.rkv < 0 ||
+      a.rkv + 2 * a.half > 0x7fffffff || a.num_slot_tokens > a.num_tokens ||
+      !is_float(a.kv_c_dtype) || !is_float(a.cache_dtype)) {
+    return cudaErrorInvalidValue;
+  }
+  if (a.num_tokens == 0) return cudaSuccess;
+  if (a.kv_c_dtype == DType::kF32) {
+    return a.cache_dtype == DType::kF32 ? LaunchRopeKv<float, float>(a, stream)
+                                        : LaunchRopeKv<float, uint16_t>(a, stream);
+  }
+  return a.cache_dtype == DType::kF32 ? LaunchRopeKv<uint16_t, float>(a, stream)
+                                      : LaunchRopeKv<uint16_t, uint16_t>(a, stream);
 }
 
 }  // namespace mlag::cuda

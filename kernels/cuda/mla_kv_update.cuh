@@ -26,4 +26,32 @@ cudaError_t LaunchMlaKvUpdate(const void* kv_c, DType kv_c_dtype, int64_t kv_c_r
                               int64_t num_tokens, void* cache, DType cache_dtype, int64_t num_slots,
                               int64_t rkv, int64_t dr, cudaStream_t stream);
 
+// The rope of one step fused into its cache write (MlaRopeKvUpdate): one
+// thread block per token t < num_tokens (the length of positions). With p =
+// positions[t] in [0, table_rows) it rotates q_pe[t, h, :] for every head h
+// and k_pe[t, :] in place as LaunchApplyRope (kernels/cuda/rope.cuh) does;
+// then, for t < num_slot_tokens with a slot as above, it writes [kv_c[t] |
+// k_pe[t]] (rotated) to the cache as LaunchMlaKvUpdate. q_pe, k_pe and the
+// table are f32; kv_c and the cache f32 or bf16.
+struct RopeKvUpdateArgs {
+  const int32_t* positions;
+  int64_t position_stride;
+  const float* table;  // [table_rows, 2 half]: cos | sin
+  int64_t table_rows, table_row_stride;
+  float* q_pe;
+  int64_t q_token_stride, q_head_stride, heads;
+  float* k_pe;
+  int64_t k_pe_row_stride;
+  int64_t num_tokens, half;
+  const void* kv_c;
+  DType kv_c_dtype;
+  int64_t kv_c_row_stride;
+  const int64_t* slot_mapping;
+  int64_t slot_mapping_stride, num_slot_tokens;
+  void* cache;
+  DType cache_dtype;
+  int64_t num_slots, rkv;
+};
+cudaError_t LaunchMlaRopeKvUpdate(const RopeKvUpdateArgs& args, cudaStream_t stream);
+
 }  // namespace mlag::cuda

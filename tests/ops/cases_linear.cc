@@ -4,7 +4,10 @@
 //
 // Row counts cover the host GEMM's row blocks and panels and the CUDA
 // cuBLASLt path; x and y are column slices of wider buffers in most cases.
+#include <algorithm>
+#include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -70,26 +73,48 @@ std::vector<double> QuantizedRows(const std::vector<double>& xv, int64_t rows, i
   return out;
 }
 
+// The fp8 GEMM's reference: y from the quantized x (exact) and the weights'
+// values `wv`, each element with TensorCoreDotBound of its products.
+BoundedRef RefFp8Linear(const std::vector<double>& xq, const std::vector<double>& wv, int64_t rows,
+                        int64_t in, int64_t out) {
+  BoundedRef ref{RefLinear(xq, wv, rows, in, out), {}};
+  for (int64_t t = 0; t < rows; ++t) {
+    for (int64_t o = 0; o < out; ++o) {
+      double abs_sum = 0.0;
+      for (int64_t k = 0; k < in; ++k) {
+        abs_sum +=
+            std::abs(xq[static_cast<size_t>(t * in + k)] * wv[static_cast<size_t>(o * in + k)]);
+      }
+      ref.bound.push_back(TensorCoreDotBound(DType::kF8E4M3, in, abs_sum));
+    }
+  }
+  return ref;
+}
+
 // bf16 and fp8 weights (fp8: e4m3 values with per-row 128-column block
 // scales), against the product of x and the weights' f32 values summed in
 // double. The host is as exact as f32 (it converts weights in registers).
 // CUDA rounds x to bf16 for a bf16 matmul (about 2^-9 relative); for fp8 it
 // quantizes x to e4m3 per row and 128-column block, and is checked against
-// that quantized x exactly (its products are exact; a GPU's tensor cores may
-// round the 32-term partial sums, hence 1e-3), and against the unquantized x
-// within e4m3's rounding (2^-4 relative per element).
+// that quantized x exactly within the tensor cores' documented accumulation
+// (TensorCoreDotBound, per element), and against the unquantized x within
+// e4m3's rounding (2^-4 relative per element). `positive`: x and the weights
+// drawn positive (no cancellation, so the bound is tight), and a reference
+// with two rows' block-0 scales exchanged must fall outside the bound: the
+// check catches a misplaced scale.
 void LinearWeightDtypeCase(Context& ctx, DType dtype, int64_t rows, int64_t in, int64_t out,
-                           bool pack) {
+                           bool pack, bool positive = false) {
   Buf& x = ctx.Make("x", DType::kF32, {rows, in}, 3, 1);
-  ctx.Randomize(x);
+  ctx.Randomize(x, positive ? 0.1 : -1.0, 1.0);
   Buf& w = ctx.Make("weight", dtype, {out, in});
-  ctx.Randomize(w, -3.0, 3.0);
+  ctx.Randomize(w, positive ? 0.1 : -3.0, 3.0);
   std::vector<double> wv = w.Values();
   LinearWeight weight(w.t);
+  std::vector<double> sv;
   if (dtype == DType::kF8E4M3) {
     Buf& scales = ctx.Make("scales", DType::kF32, {out, Fp8Blocks(in)});
     ctx.Randomize(scales, 0.01, 2.0);
-    const std::vector<double> sv = scales.Values();
+    sv = scales.Values();
     for (int64_t o = 0; o < out; ++o) {
       for (int64_t k = 0; k < in; ++k) {
         double& v = wv[static_cast<size_t>(o * in + k)];
@@ -105,9 +130,25 @@ void LinearWeightDtypeCase(Context& ctx, DType dtype, int64_t rows, int64_t in, 
   Buf& y = ctx.Output("y", DType::kF32, {rows, out}, 2, 1);
   ctx.RunOp({&y}, [&](Stream& s) { return Linear(s, x.t, weight, y.t); });
   if (ctx.is_cuda() && dtype == DType::kF8E4M3) {
-    ctx.ExpectClose(y, RefLinear(QuantizedRows(x.Values(), rows, in), wv, rows, in, out),
-                    Tolerance::F32(1e-3));
+    const std::vector<double> xq = QuantizedRows(x.Values(), rows, in);
+    const std::vector<double> got = ctx.DeviceValues(y);
+    std::string what;
+    EXPECT_EQ(OutsideBound(got, RefFp8Linear(xq, wv, rows, in, out), &what), 0)
+        << "outside the tensor-core bound:" << what;
     ctx.ExpectClose(y, RefLinear(x.Values(), wv, rows, in, out), Tolerance::F32(0.1));
+    if (positive && out >= 2) {
+      // Rows 0 and 1 exchange their block-0 scales in the reference.
+      std::vector<double> swapped = wv;
+      const int64_t blocks = Fp8Blocks(in);
+      const double s0 = sv[0], s1 = sv[static_cast<size_t>(blocks)];
+      for (int64_t k = 0; k < std::min<int64_t>(in, kFp8BlockSize); ++k) {
+        swapped[static_cast<size_t>(k)] *= s1 / s0;
+        swapped[static_cast<size_t>(in + k)] *= s0 / s1;
+      }
+      EXPECT_GT(OutsideBound(got, RefFp8Linear(xq, swapped, rows, in, out), nullptr), 0)
+          << "a reference with two rows' block scales exchanged holds the output too: the "
+             "bound cannot catch a misplaced scale";
+    }
     return;
   }
   ctx.ExpectClose(y, RefLinear(x.Values(), wv, rows, in, out),
@@ -175,8 +216,19 @@ void AddLinearCases(CaseList& cases) {
                 [=](Context& ctx) { LinearCase(ctx, rows, in, out, 1, 1, true); });
     }
   }
+  cases.Add(
+      "linear", "fp8 weights 5x300 -> 70 positive, exchanged scales outside the bound",
+      [](Context& ctx) { LinearWeightDtypeCase(ctx, DType::kF8E4M3, 5, 300, 70, false, true); });
+  // Long K and few outputs: the CUDA fp8 GEMM splits K (4 slices of 4 blocks,
+  // the last short; 2 slices, rows not 16-byte aligned).
+  for (auto [rows, in, out] : {std::tuple<int64_t, int64_t, int64_t>{3, 2000, 70}, {5, 1100, 33}}) {
+    cases.Add(
+        "linear", absl::StrCat("fp8 weights ", rows, "x", in, " -> ", out, " split K"),
+        [=](Context& ctx) { LinearWeightDtypeCase(ctx, DType::kF8E4M3, rows, in, out, false); });
+  }
+  // Rows: every row-tile height of the CUDA fp8 GEMM (8, 16, 32, 64).
   for (DType dtype : {DType::kBF16, DType::kF8E4M3}) {
-    for (int64_t rows : {1, 3, 8, 33}) {
+    for (int64_t rows : {1, 3, 8, 13, 20, 33, 70}) {
       for (auto [in, out] :
            {std::pair<int64_t, int64_t>{37, 5}, {300, 70}, {129, 33}, {256, 17}, {140, 130}}) {
         for (bool pack : {false, true}) {

@@ -59,6 +59,7 @@
 #include "kernels/host/parallel.h"
 #include "kernels/mla_attention.h"
 #include "kernels/mla_kv_update.h"
+#include "kernels/rope.h"
 #include "mlag_config.h"
 #include "tests/ops/harness.h"
 #include "tests/status_matchers.h"
@@ -180,6 +181,85 @@ void KvUpdateCase(Context& ctx, const KvCase& c, bool dummy) {
     rows_differ += std::memcmp(got.data() + at, want_bytes.data() + at, row_bytes) != 0;
   }
   EXPECT_EQ(rows_differ, 0) << "cache rows whose bytes differ from the contract's";
+}
+
+// MlaRopeKvUpdate's contract: the same bytes in q_pe, k_pe and the cache as
+// ApplyRope and then MlaKvUpdate on the same backend (each checked against
+// its double reference by the apply_rope and mla_kv_update cases). Inputs as
+// the MLA block has them: q_pe the rope part of q, k_pe that of the latent
+// row; positions out of range on both sides, dummy slots, and fewer slot
+// entries than tokens (graph padding).
+void RopeKvUpdateCase(Context& ctx, const KvCase& c, int64_t heads) {
+  const int64_t width = c.rkv + c.dr, dn = 24;
+  const int64_t num_slots = c.num_blocks * c.block_size;
+  const int64_t positions = 200;
+  std::mt19937 rng(ctx.NextSeed());
+  // The table: any f32 values do (both paths read the same ones).
+  std::vector<double> table_values(static_cast<size_t>(positions * c.dr));
+  std::vector<int64_t> slot_values(static_cast<size_t>(c.tokens));
+  std::vector<double> pos_values(static_cast<size_t>(c.rows));
+  std::uniform_real_distribution<double> unit(-1.0, 1.0);
+  for (double& v : table_values) v = unit(rng);
+  for (int64_t t = 0; t < c.rows; ++t) {
+    pos_values[static_cast<size_t>(t)] = t % 7 == 3   ? -1.0
+                                         : t % 7 == 5 ? static_cast<double>(positions + t)
+                                                      : static_cast<double>(rng() % positions);
+  }
+  std::vector<int64_t> perm(static_cast<size_t>(num_slots));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  for (int64_t t = 0; t < c.tokens; ++t) {
+    slot_values[static_cast<size_t>(t)] = t % 4 == 1 ? -1 : perm[static_cast<size_t>(t)];
+  }
+  struct Set {
+    Buf *table, *pos, *q, *k, *kv_c, *slots, *cache;
+  };
+  auto make = [&](const std::string& tag) {
+    Set b;
+    b.table = &ctx.Make("table" + tag, kF32, {positions, c.dr});
+    SetValues(ctx, *b.table, table_values);
+    b.pos = &ctx.Make("positions" + tag, DType::kI32, {c.rows}, 0, 1, 1);
+    SetValues(ctx, *b.pos, pos_values);
+    b.q = &ctx.MakeStrided("q_pe" + tag, kF32, {c.rows, heads, c.dr},
+                           {heads * (dn + c.dr), dn + c.dr, 1}, dn);
+    b.k = &ctx.MakeStrided("k_pe" + tag, kF32, {c.rows, c.dr}, {width, 1}, c.rkv);
+    b.kv_c = &ctx.Make("kv_c" + tag, c.input, {c.rows, c.rkv}, 3, 1);
+    b.slots = &ctx.Make("slot_mapping" + tag, DType::kI64, {c.tokens}, 0, 1, 1);
+    SetValues(ctx, *b.slots, Doubles(slot_values));
+    b.cache = &ctx.Make("cache" + tag, c.cache, {c.num_blocks, c.block_size, width}, 0, 2, 3);
+    return b;
+  };
+  Set fused = make(""), pair = make(" (two ops)");
+  ctx.Randomize(*fused.q, -2.0, 2.0);
+  ctx.Randomize(*fused.k, -2.0, 2.0);
+  ctx.Randomize(*fused.kv_c, -4.0, 4.0);
+  ctx.Randomize(*fused.cache, -8.0, 8.0);
+  for (auto [from, to] : {std::pair{fused.q, pair.q},
+                          {fused.k, pair.k},
+                          {fused.kv_c, pair.kv_c},
+                          {fused.cache, pair.cache}}) {
+    to->host = from->host;
+    ctx.Upload(*to);
+  }
+
+  Stream& stream = ctx.stream();
+  ASSERT_OK(ApplyRope(stream, pair.pos->t, pair.table->t, pair.q->t, pair.k->t));
+  ASSERT_OK(MlaKvUpdate(stream, pair.kv_c->t, pair.k->t, pair.slots->t, pair.cache->t));
+  ASSERT_OK(stream.Synchronize());
+  ctx.RunOp({fused.q, fused.k, fused.cache},
+            [&](Stream& s) {
+              return MlaRopeKvUpdate(s, fused.pos->t, fused.table->t, fused.q->t, fused.kv_c->t,
+                                     fused.k->t, fused.slots->t, fused.cache->t);
+            },
+            true, {fused.q, fused.k, fused.cache});
+  for (auto [got, want] :
+       {std::pair{fused.q, pair.q}, {fused.k, pair.k}, {fused.cache, pair.cache}}) {
+    EXPECT_TRUE(ctx.Download(*got) == ctx.Download(*want))
+        << got->name << ": differs from ApplyRope then MlaKvUpdate";
+  }
+  // The op did something: some rows rotated, some cache rows written.
+  EXPECT_FALSE(ctx.Download(*fused.q) == fused.q->host) << "q_pe unchanged";
+  EXPECT_FALSE(ctx.Download(*fused.cache) == fused.cache->host) << "cache unchanged";
 }
 
 // ---- Paged caches and queries ------------------------------------------------------------
@@ -762,6 +842,19 @@ void AddMlaCases(CaseList& cases) {
     const KvCase c{kF32, cache, 37, 6, 5, 7, 14, 11};
     cases.Add("mla_kv_update", "all slots -1 " + Name(c),
               [c](Context& ctx) { KvUpdateCase(ctx, c, true); });
+  }
+  // Rope fused into the cache write: kv_c f32 or bf16, either cache dtype.
+  for (auto [in, cache] : {std::pair{kF32, kF32}, {kF32, kBF16}, {kBF16, kBF16}}) {
+    for (const KvCase& shape :
+         {KvCase{kF32, kF32, 37, 6, 5, 7, 14, 11}, KvCase{kF32, kF32, 512, 64, 16, 9, 40, 33}}) {
+      KvCase c = shape;
+      c.input = in;
+      c.cache = cache;
+      for (int64_t heads : {1, 3, 16}) {
+        cases.Add("mla_rope_kv_update", absl::StrCat(Name(c), " ", heads, " heads"),
+                  [c, heads](Context& ctx) { RopeKvUpdateCase(ctx, c, heads); });
+      }
+    }
   }
 
   // Decode: every kernel choice on each cache dtype and block size.

@@ -546,13 +546,7 @@ absl::Status RunExperts(Stream& s, const ExpertsBufs& b, Buf& out, const Tensor&
 // the same way for down (kernels/moe.h). The reference follows those steps in
 // double and carries, per element, a bound on how far the device may be from
 // it; every output must lie within its bound. The bound is what the
-// instructions document, not what the emulation shows:
-//   - products of bf16 or e4m3 operands are exact in f32;
-//   - mma.sync's f32 accumulation: the PTX ISA leaves its rounding to the
-//     implementation; bf16 m16n8k16 is taken as truncating (unit 2^-23), and
-//     e4m3 m16n8k32 as keeping ~14 bits (unit 2^-14: DeepSeek-V3's measured
-//     figure for Hopper's FP8 accumulation, the reason its recipe promotes
-//     each 128-wide K block to f32, as the kernel does);
+// instructions document (TensorCoreDotBound), not what the emulation shows:
 //   - every f32 operation outside the mma rounds to nearest (unit 2^-24), and
 //     expf is within 2 ulp;
 //   - x's staging is bitwise reproducible (F32ToBf16, QuantizeFp8Blocks);
@@ -561,19 +555,6 @@ absl::Status RunExperts(Stream& s, const ExpertsBufs& b, Buf& out, const Tensor&
 //     rounds (or, for fp8, with the block scale anywhere in its interval) to
 //     one staged value the reference has it exactly, else the bound spans
 //     every value it can round to.
-
-double GammaBound(int64_t n, double unit) { return n * unit / (1.0 - n * unit); }
-
-// Error bound of an f32-accumulated dot product of `n` exact products whose
-// absolute values sum to `abs_sum`.
-double DotBound(DType dtype, int64_t n, double abs_sum) {
-  const double f32 = std::ldexp(1.0, -24);
-  if (dtype == DType::kBF16) return GammaBound(n + 1, std::ldexp(1.0, -23)) * abs_sum;
-  // Within each 128-block (<= 4 mmas of 32), then blocks scaled (2 products)
-  // and summed in f32.
-  const double in_block = GammaBound(kFp8BlockSize + 1, std::ldexp(1.0, -14));
-  return (in_block + GammaBound(Fp8Blocks(n) + 3, f32) * (1.0 + in_block)) * abs_sum;
-}
 
 double Bf16Round(double v) { return Bf16ToF32(F32ToBf16(static_cast<float>(v))); }
 
@@ -649,10 +630,6 @@ void StageActivations(DType dtype, const std::vector<double>& a, const std::vect
   }
 }
 
-struct BoundedRef {
-  std::vector<double> want, bound;  // [T, D]
-};
-
 // MoeExperts on tensor cores with `dtype` weights (their values in r), in
 // double, with each output's error bound.
 BoundedRef RefExpertsTensorCores(const ExpertsRef& r, DType dtype) {
@@ -678,7 +655,8 @@ BoundedRef RefExpertsTensorCores(const ExpertsRef& r, DType dtype) {
           sg += std::abs(gu[i * r.D + j] * xs[Index(j)]);
           su += std::abs(gu[(r.I + i) * r.D + j] * xs[Index(j)]);
         }
-        const double dg = DotBound(dtype, r.D, sg), du = DotBound(dtype, r.D, su);
+        const double dg = TensorCoreDotBound(dtype, r.D, sg),
+                     du = TensorCoreDotBound(dtype, r.D, su);
         const double silu = g / (1.0 + std::exp(-g));
         a[Index(i)] = silu * u;
         // |silu'| <= 1.1; the f32 epilogue (expf, +, /, *) within 8 units.
@@ -694,7 +672,7 @@ BoundedRef RefExpertsTensorCores(const ExpertsRef& r, DType dtype) {
           sy += std::abs(dn[j * r.I + i]) * (std::abs(act[Index(i)]) + act_err[Index(i)]);
           dy += std::abs(dn[j * r.I + i]) * act_err[Index(i)];
         }
-        dy += DotBound(dtype, r.I, sy);
+        dy += TensorCoreDotBound(dtype, r.I, sy);
         out.want[Index(t * r.D + j)] += w * y;
         out.bound[Index(t * r.D + j)] += std::abs(w) * dy;
         sum_abs[Index(t * r.D + j)] += std::abs(w) * (std::abs(y) + dy);
@@ -706,21 +684,6 @@ BoundedRef RefExpertsTensorCores(const ExpertsRef& r, DType dtype) {
     out.bound[i] += GammaBound(r.K + 1, f32) * sum_abs[i];
   }
   return out;
-}
-
-// Outputs outside their bound (NaN counts), at most `show` of them described.
-int64_t OutsideBound(const std::vector<double>& got, const BoundedRef& ref, std::string* what,
-                     int show = 5) {
-  int64_t outside = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double err = std::abs(got[i] - ref.want[i]);
-    if (err <= ref.bound[i]) continue;
-    if (outside++ < show && what != nullptr) {
-      absl::StrAppend(what, " [", i, "] got ", got[i], " want ", ref.want[i], " bound ",
-                      ref.bound[i], ";");
-    }
-  }
-  return outside;
 }
 
 // Whether this backend runs `dtype` experts on tensor cores.

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/elementwise.h"
+#include "runtime/core/fp8_blocks.h"
 #include "tests/status_matchers.h"
 
 namespace mlag::ops_test {
@@ -332,6 +333,32 @@ void Context::ExpectInts(const Buf& out, const std::vector<int64_t>& want) {
   }
   EXPECT_EQ(differ, 0) << first;
   ExpectOutsideUnchanged(out, bytes);
+}
+
+double GammaBound(int64_t n, double unit) { return n * unit / (1.0 - n * unit); }
+
+double TensorCoreDotBound(DType dtype, int64_t n, double abs_sum) {
+  const double f32 = std::ldexp(1.0, -24);
+  if (dtype == DType::kBF16) return GammaBound(n + 1, std::ldexp(1.0, -23)) * abs_sum;
+  // Within each 128-block (<= 4 mmas of 32), then blocks scaled (2 products)
+  // and summed in f32, in one chain or in K slices summed afterwards (at
+  // most one more addition per block).
+  const double in_block = GammaBound(kFp8BlockSize + 1, std::ldexp(1.0, -14));
+  return (in_block + GammaBound(2 * Fp8Blocks(n) + 3, f32) * (1.0 + in_block)) * abs_sum;
+}
+
+int64_t OutsideBound(const std::vector<double>& got, const BoundedRef& ref, std::string* what,
+                     int show) {
+  int64_t outside = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::abs(got[i] - ref.want[i]);
+    if (err <= ref.bound[i]) continue;
+    if (outside++ < show && what != nullptr) {
+      absl::StrAppend(what, " [", i, "] got ", got[i], " want ", ref.want[i], " bound ",
+                      ref.bound[i], ";");
+    }
+  }
+  return outside;
 }
 
 }  // namespace mlag::ops_test

@@ -201,7 +201,38 @@ class CaseList {
 // The case families (one file each).
 void AddBasicCases(
     CaseList& cases);  // cases_basic.cc: norms, activation, embedding, rope, elementwise
-void AddLinearCases(CaseList& cases);    // cases_linear.cc: linear, head matmul
+void AddLinearCases(CaseList& cases);  // cases_linear.cc: linear, head matmul
+// ---- Tensor-core accumulation bounds ------------------------------------------------------
+//
+// How far an f32-accumulated product on tensor cores may be from its exact
+// value, from what the instructions document:
+//   - products of bf16 or e4m3 operands are exact in f32;
+//   - mma.sync's f32 accumulation: the PTX ISA leaves its rounding to the
+//     implementation; bf16 m16n8k16 is taken as truncating (unit 2^-23), and
+//     e4m3 m16n8k32 as keeping ~14 bits (unit 2^-14: DeepSeek-V3's measured
+//     figure for Hopper's FP8 accumulation, the reason its recipe promotes
+//     each 128-wide K block to f32, as the kernels do);
+//   - f32 operations outside the mma round to nearest (unit 2^-24).
+
+// gamma_n = n u / (1 - n u), the classic bound of n roundings of unit u.
+double GammaBound(int64_t n, double unit);
+
+// Error bound of a dot product of `n` exact products whose absolute values
+// sum to `abs_sum`: bf16 in one f32 mma accumulator; fp8 summed per 128-wide
+// K block on the tensor core, each block's sum scaled by two f32 factors and
+// added in f32 (in one chain, or in split-K slices then summed).
+double TensorCoreDotBound(DType dtype, int64_t n, double abs_sum);
+
+// A reference with a per-element bound on the device's distance from it.
+struct BoundedRef {
+  std::vector<double> want, bound;
+};
+
+// Elements of `got` outside their bound (NaN counts); the first `show` of
+// them are described in `what` (may be nullptr).
+int64_t OutsideBound(const std::vector<double>& got, const BoundedRef& ref, std::string* what,
+                     int show = 5);
+
 void AddMlaCases(CaseList& cases);       // cases_mla.cc: kv_update, decode, prefill
 void AddMoeCases(CaseList& cases);       // cases_moe.cc: route, experts
 void AddSamplingCases(CaseList& cases);  // cases_sampling.cc: sample
