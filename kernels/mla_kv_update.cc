@@ -1,8 +1,11 @@
 #include "kernels/mla_kv_update.h"
 
+#include <memory>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/check.h"
 #include "kernels/host/mla_kv_update.h"
+#include "kernels/host/rms_norm.h"
 #include "kernels/host/rope.h"
 #include "kernels/rope.h"
 #include "mlag_config.h"
@@ -96,9 +99,17 @@ absl::Status MlaKvUpdate(Stream& stream, const Tensor& kv_c, const Tensor& k_pe,
 
 absl::Status MlaRopeKvUpdate(Stream& stream, const Tensor& positions, const Tensor& table,
                              const Tensor& q_pe, const Tensor& kv_c, const Tensor& k_pe,
-                             const Tensor& slot_mapping, const Tensor& cache) {
+                             const Tensor& slot_mapping, const Tensor& cache,
+                             const KvLatentNorm* latent_norm) {
   MLAG_RETURN_IF_ERROR(CheckApplyRopeArgs(stream, positions, table, q_pe, k_pe));
   MLAG_RETURN_IF_ERROR(CheckMlaKvUpdateArgs(stream, kv_c, k_pe, slot_mapping, cache));
+  if (latent_norm != nullptr) {
+    MLAG_RETURN_IF_ERROR(CheckOnStream(stream, latent_norm->weight, "latent_norm.weight"));
+    MLAG_RETURN_IF_ERROR(
+        CheckDType(latent_norm->weight, "latent_norm.weight", {DType::kF32, DType::kBF16}));
+    MLAG_RETURN_IF_ERROR(CheckShape(latent_norm->weight, "latent_norm.weight", {kv_c.size(1)}));
+    MLAG_RETURN_IF_ERROR(CheckContiguous(latent_norm->weight, "latent_norm.weight"));
+  }
   const int64_t num_tokens = positions.size(0);
   const int64_t slot_tokens = slot_mapping.size(0);
   if (slot_tokens > num_tokens) {
@@ -131,6 +142,11 @@ absl::Status MlaRopeKvUpdate(Stream& stream, const Tensor& positions, const Tens
     a.cache_dtype = cache.dtype();
     a.num_slots = cache.size(0) * cache.size(1);
     a.rkv = kv_c.size(1);
+    if (latent_norm != nullptr) {
+      a.norm_weight = latent_norm->weight.data();
+      a.norm_weight_dtype = latent_norm->weight.dtype();
+      a.norm_eps = latent_norm->eps;
+    }
     return stream.LaunchCuda(
         "mla_rope_kv_update", OpKind::kKernel,
         [&](void* s) {
@@ -147,12 +163,29 @@ absl::Status MlaRopeKvUpdate(Stream& stream, const Tensor& positions, const Tens
         }());
   }
 #endif
-  return stream.LaunchHost("mla_rope_kv_update", OpKind::kKernel,
-                           [positions, table, q_pe, kv_c, k_pe, slot_mapping, cache] {
-                             host::ApplyRope(positions, table, q_pe, k_pe);
-                             host::MlaKvUpdate(kv_c, k_pe, slot_mapping, cache);
-                             return absl::OkStatus();
-                           });
+  Tensor norm_weight;
+  float norm_eps = 0.0f;
+  if (latent_norm != nullptr) {
+    norm_weight = latent_norm->weight;
+    norm_eps = latent_norm->eps;
+  }
+  return stream.LaunchHost(
+      "mla_rope_kv_update", OpKind::kKernel,
+      [positions, table, q_pe, kv_c, k_pe, slot_mapping, cache, norm_weight, norm_eps] {
+        host::ApplyRope(positions, table, q_pe, k_pe);
+        if (norm_weight.data() == nullptr) {
+          host::MlaKvUpdate(kv_c, k_pe, slot_mapping, cache);
+          return absl::OkStatus();
+        }
+        // The normalised latent of the rows written, in f32 (uninitialised:
+        // RmsNorm writes every element).
+        const int64_t rows = slot_mapping.size(0), rkv = kv_c.size(1);
+        const std::unique_ptr<float[]> normed(new float[static_cast<size_t>(rows * rkv)]);
+        const Tensor kv_normed(normed.get(), DType::kF32, {rows, rkv});
+        host::RmsNorm(kv_c.Slice(0, 0, rows), norm_weight, norm_eps, kv_normed);
+        host::MlaKvUpdate(kv_normed, k_pe, slot_mapping, cache);
+        return absl::OkStatus();
+      });
 }
 
 }  // namespace mlag

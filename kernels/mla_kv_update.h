@@ -27,15 +27,26 @@ namespace mlag {
 absl::Status MlaKvUpdate(Stream& stream, const Tensor& kv_c, const Tensor& k_pe,
                          const Tensor& slot_mapping, const Tensor& cache);
 
+// The latent's RMSNorm (kv_a_layernorm), for MlaRopeKvUpdate to apply
+// before the write: weight [Rkv] f32 or bf16.
+struct KvLatentNorm {
+  Tensor weight;
+  float eps = 0.0f;
+};
+
 // ApplyRope(positions, table, q_pe, k_pe) (kernels/rope.h) and then
 // MlaKvUpdate(kv_c, k_pe, slot_mapping, cache), as one op: the same bytes in
-// q_pe, k_pe and the cache as the two calls. The arguments are those of the
-// two ops (k_pe f32, as rope takes it), and slot_mapping has at most as many
-// entries as positions. CUDA runs both in one launch, one thread block per
-// token (a step's `kv_update` graph node then carries its rope too); the
-// host runs the two host kernels.
+// q_pe, k_pe and the cache as the two calls. With `latent_norm`, kv_c is the
+// latent before its norm, and the cache receives what RmsNorm(kv_c, weight,
+// eps) into an f32 buffer and then MlaKvUpdate from that buffer would write
+// (kv_c itself is only read). The arguments are those of the ops (k_pe f32,
+// as rope takes it), and slot_mapping has at most as many entries as
+// positions. CUDA runs it all in one launch, one thread block per token (a
+// step's `kv_update` graph node then carries the norm and the rope too);
+// the host runs the host kernels one after the other.
 absl::Status MlaRopeKvUpdate(Stream& stream, const Tensor& positions, const Tensor& table,
                              const Tensor& q_pe, const Tensor& kv_c, const Tensor& k_pe,
-                             const Tensor& slot_mapping, const Tensor& cache);
+                             const Tensor& slot_mapping, const Tensor& cache,
+                             const KvLatentNorm* latent_norm = nullptr);
 
 }  // namespace mlag

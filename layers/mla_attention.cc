@@ -44,7 +44,8 @@ absl::Status MlaAttention::AbsorbQuery(Stream& stream, const Tensor& q_nope,
 }
 
 absl::Status MlaAttention::Forward(Stream& stream, const AttentionMetadata& meta,
-                                   const Tensor& rope_table, const Tensor& kv_c, const Tensor& k_pe,
+                                   const Tensor& rope_table, const Tensor& kv_c,
+                                   const KvLatentNorm* latent_norm, const Tensor& k_pe,
                                    const Tensor& q_latent, const Tensor& q_pe,
                                    const Tensor& out_latent, const Tensor& lse) const {
   if (cache_.numel() == 0) {
@@ -54,7 +55,8 @@ absl::Status MlaAttention::Forward(Stream& stream, const AttentionMetadata& meta
   {
     NodeScope scope(stream, NodeName("kv_update"), OpKind::kKernel);
     MLAG_RETURN_IF_ERROR(MlaRopeKvUpdate(stream, meta.positions.Slice(0, 0, q_pe.size(0)),
-                                         rope_table, q_pe, kv_c, k_pe, meta.slot_mapping, cache_));
+                                         rope_table, q_pe, kv_c, k_pe, meta.slot_mapping, cache_,
+                                         latent_norm));
   }
   NodeScope scope(stream, NodeName("mla"), OpKind::kKernel);
   if (meta.decode_only) {

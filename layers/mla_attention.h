@@ -4,9 +4,9 @@
 // KV cache view [num_blocks, block_size, Rkv + dr], the absorbed weights
 // W_UK [H, dn, Rkv] and W_UV [H, dv, Rkv] derived from kv_b_proj after
 // loading, and the softmax scale. Forward records exactly two graph nodes,
-//   layers.<i>.attn.kv_update   rope on q_pe and k_pe, then this step's kv_c /
-//                               k_pe written at slot_mapping (one launch:
-//                               MlaRopeKvUpdate)
+//   layers.<i>.attn.kv_update   the latent's norm and rope on q_pe and k_pe,
+//                               then this step's kv_c / k_pe written at
+//                               slot_mapping (one launch: MlaRopeKvUpdate)
 //   layers.<i>.attn.mla         attention over the cache (reads it only)
 // and does no projections: the MLA block around it does those, using
 // AbsorbQuery (q_nope -> latent query) and ExpandOutput (latent output ->
@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "kernels/linear.h"
 #include "kernels/mla_attention.h"
+#include "kernels/mla_kv_update.h"
 #include "layers/attention_metadata.h"
 #include "layers/weight_arena.h"
 #include "runtime/core/stream.h"
@@ -53,14 +54,16 @@ class MlaAttention {
   // q_latent [T,H,Rkv]. Node layers.<i>.attn.q_absorb.
   absl::Status AbsorbQuery(Stream& stream, const Tensor& q_nope, const Tensor& q_latent) const;
 
-  // The two nodes: kv_update then mla. kv_c [T,Rkv], k_pe [T,dr] and q_pe
-  // [T,H,dr] not yet rotated (kv_update rotates them in place at
+  // The two nodes: kv_update then mla. kv_c [T,Rkv] the latent (normalised
+  // by kv_update first when latent_norm is given; only read), k_pe [T,dr]
+  // and q_pe [T,H,dr] not yet rotated (kv_update rotates them in place at
   // meta.positions with rope_table, from FillRopeTable), q_latent
   // [T,H,Rkv]; out_latent [T,H,Rkv] and lse [T,H] receive the attention
   // output in the latent space.
   absl::Status Forward(Stream& stream, const AttentionMetadata& meta, const Tensor& rope_table,
-                       const Tensor& kv_c, const Tensor& k_pe, const Tensor& q_latent,
-                       const Tensor& q_pe, const Tensor& out_latent, const Tensor& lse) const;
+                       const Tensor& kv_c, const KvLatentNorm* latent_norm, const Tensor& k_pe,
+                       const Tensor& q_latent, const Tensor& q_pe, const Tensor& out_latent,
+                       const Tensor& lse) const;
 
   // v[t,h] = W_UV^h out_latent[t,h]: [T,H,Rkv] -> [T,H,dv]. Node
   // layers.<i>.attn.v_up.

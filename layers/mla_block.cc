@@ -81,19 +81,14 @@ absl::Status MlaBlock::Forward(Stream& stream, const AttentionMetadata& meta,
   }
 
   // Latent KV: [c_raw | k_pe] = W_kva x; c_kv = RMSNorm(c_raw); k_pe unnormed.
+  // The norm, and rope on q_pe of every head and on the shared k_pe (in
+  // place), happen in the attention's kv_update node, fused with the cache
+  // write.
   const Tensor kv_a = Rows(acts.kv_a, T);
-  const Tensor kv_c = Rows(acts.kv_c, T);
   {
     NodeScope s(stream, Node("kv_a_proj"), OpKind::kGemm);
     MLAG_RETURN_IF_ERROR(Linear(stream, x, w_kv_a_, kv_a));
   }
-  {
-    NodeScope s(stream, Node("kv_a_norm"), OpKind::kKernel);
-    MLAG_RETURN_IF_ERROR(RmsNorm(stream, kv_a.Slice(1, 0, R), w_kv_a_norm_, kLatentNormEps, kv_c));
-  }
-
-  // Rope on q_pe of every head and on the shared k_pe happens in place in
-  // the attention's kv_update node, fused with the cache write.
   MLAG_ASSIGN_OR_RETURN(Tensor q3, q.Reshape({T, H, dq}));
   const Tensor q_nope = q3.Slice(2, 0, dn);
   const Tensor q_pe = q3.Slice(2, dn, dq);
@@ -103,8 +98,10 @@ absl::Status MlaBlock::Forward(Stream& stream, const AttentionMetadata& meta,
   const Tensor q_latent = Rows(acts.q_latent, T);
   const Tensor out_latent = Rows(acts.out_latent, T);
   MLAG_RETURN_IF_ERROR(attention_->AbsorbQuery(stream, q_nope, q_latent));
-  MLAG_RETURN_IF_ERROR(attention_->Forward(stream, meta, rope_table, kv_c, k_pe, q_latent, q_pe,
-                                           out_latent, Rows(acts.lse, T)));
+  const KvLatentNorm latent_norm{w_kv_a_norm_, kLatentNormEps};
+  MLAG_RETURN_IF_ERROR(attention_->Forward(stream, meta, rope_table, kv_a.Slice(1, 0, R),
+                                           &latent_norm, k_pe, q_latent, q_pe, out_latent,
+                                           Rows(acts.lse, T)));
   const Tensor v = Rows(acts.v, T);
   MLAG_ASSIGN_OR_RETURN(Tensor v3, v.Reshape({T, H, int64_t{c.v_head_dim}}));
   MLAG_RETURN_IF_ERROR(attention_->ExpandOutput(stream, out_latent, v3));

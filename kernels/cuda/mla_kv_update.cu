@@ -93,8 +93,47 @@ __global__ void __launch_bounds__(kThreads)
   CopySegment<SrcPe, Dst>(k_pe + t * k_pe_row_stride, row + rkv, dr);
 }
 
-template <typename SrcC, typename Dst>
-__global__ void __launch_bounds__(kThreads) MlaRopeKvUpdateKernel(const RopeKvUpdateArgs a) {
+// The fused kernel's block: as many threads as LaunchRmsNorm's, so that the
+// latent's sum of squares is reduced in the same order (the same bits).
+constexpr int kRopeKvThreads = 256;
+using RopeKvReduce = cub::BlockReduce<double, kRopeKvThreads>;
+
+// Writes kv_c's row to the cache row: as it is, or (kNorm) as LaunchRmsNorm
+// computes y = w * cast(x * inv_rms) in f32 (kernels/cuda/rms_norm.cu), cast
+// to the cache dtype.
+template <typename SrcC, typename Dst, bool kNorm>
+__device__ __forceinline__ void WriteLatent(const SrcC* x, Dst* row, int rkv,
+                                            const void* norm_weight, DType norm_weight_dtype,
+                                            float norm_eps) {
+  if constexpr (!kNorm) {
+    CopySegment<SrcC, Dst>(x, row, rkv);
+  } else {
+    __shared__ typename RopeKvReduce::TempStorage reduce;
+    __shared__ double sum_sq_shared;
+    const int tid = static_cast<int>(threadIdx.x);
+    double sum_sq = 0.0;
+    for (int i = tid; i < rkv; i += kRopeKvThreads) {
+      const float v = ConvertElement<SrcC, float>(x[i]);
+      sum_sq += static_cast<double>(v) * static_cast<double>(v);
+    }
+    sum_sq = RopeKvReduce(reduce).Sum(sum_sq);  // valid in thread 0
+    if (tid == 0) sum_sq_shared = sum_sq;
+    __syncthreads();
+    // Every thread forms the same inv_rms from the same sum, as
+    // LaunchRmsNorm's thread 0 does.
+    const float mean_sq = __double2float_rn(__ddiv_rn(sum_sq_shared, static_cast<double>(rkv)));
+    const float inv_rms = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean_sq, norm_eps)));
+    for (int i = tid; i < rkv; i += kRopeKvThreads) {
+      float normed = __fmul_rn(ConvertElement<SrcC, float>(x[i]), inv_rms);
+      if constexpr (sizeof(SrcC) == 2) normed = Bf16ToF32(F32ToBf16(normed));  // x's dtype
+      row[i] = ConvertElement<float, Dst>(
+          __fmul_rn(LoadAsF32(norm_weight_dtype, norm_weight, static_cast<size_t>(i)), normed));
+    }
+  }
+}
+
+template <typename SrcC, typename Dst, bool kNorm>
+__global__ void __launch_bounds__(kRopeKvThreads) MlaRopeKvUpdateKernel(const RopeKvUpdateArgs a) {
   const int64_t t = blockIdx.x;
   const int64_t p = a.positions[t * a.position_stride];
   const bool rotate = p >= 0 && p < a.table_rows;  // else left unchanged, as ApplyRope
@@ -106,7 +145,7 @@ __global__ void __launch_bounds__(kThreads) MlaRopeKvUpdateKernel(const RopeKvUp
   const float* sin_row = cos_row + a.half;
   // The pairs of every head of q_pe, then k_pe's (the last "head"), whose
   // rotated values also go to the cache row.
-  for (int64_t idx = threadIdx.x; idx < (a.heads + 1) * a.half; idx += kThreads) {
+  for (int64_t idx = threadIdx.x; idx < (a.heads + 1) * a.half; idx += kRopeKvThreads) {
     const int64_t h = idx / a.half;
     const int64_t i = idx - h * a.half;
     float* x = h < a.heads ? a.q_pe + t * a.q_token_stride + h * a.q_head_stride
@@ -122,16 +161,18 @@ __global__ void __launch_bounds__(kThreads) MlaRopeKvUpdateKernel(const RopeKvUp
       row[a.rkv + 2 * i + 1] = ConvertElement<float, Dst>(y1);
     }
   }
-  if (row != nullptr) {
-    CopySegment<SrcC, Dst>(static_cast<const SrcC*>(a.kv_c) + t * a.kv_c_row_stride, row,
-                           static_cast<int>(a.rkv));
+  if (row != nullptr) {  // uniform in the block: WriteLatent may synchronise it
+    WriteLatent<SrcC, Dst, kNorm>(static_cast<const SrcC*>(a.kv_c) + t * a.kv_c_row_stride, row,
+                                  static_cast<int>(a.rkv), a.norm_weight, a.norm_weight_dtype,
+                                  a.norm_eps);
   }
 }
 
 template <typename SrcC, typename Dst>
 cudaError_t LaunchRopeKv(const RopeKvUpdateArgs& a, cudaStream_t stream) {
-  auto* const kernel = MlaRopeKvUpdateKernel<SrcC, Dst>;
-  MLAG_LAUNCH(kernel, static_cast<unsigned>(a.num_tokens), kThreads, 0, stream)(a);
+  auto* const kernel = a.norm_weight != nullptr ? MlaRopeKvUpdateKernel<SrcC, Dst, true>
+                                                : MlaRopeKvUpdateKernel<SrcC, Dst, false>;
+  MLAG_LAUNCH(kernel, static_cast<unsigned>(a.num_tokens), kRopeKvThreads, 0, stream)(a);
   return cudaGetLastError();
 }
 
@@ -200,7 +241,8 @@ cudaError_t LaunchMlaRopeKvUpdate(const RopeKvUpdateArgs& a, cudaStream_t stream
   auto is_float = [](DType dtype) { return dtype == DType::kF32 || dtype == DType::kBF16; };
   if (a.num_tokens < 0 || a.num_tokens > 0x7fffffff || a.half < 0 || a.heads < 0 || a.rkv < 0 ||
       a.rkv + 2 * a.half > 0x7fffffff || a.num_slot_tokens > a.num_tokens ||
-      !is_float(a.kv_c_dtype) || !is_float(a.cache_dtype)) {
+      !is_float(a.kv_c_dtype) || !is_float(a.cache_dtype) ||
+      (a.norm_weight != nullptr && !is_float(a.norm_weight_dtype))) {
     return cudaErrorInvalidValue;
   }
   if (a.num_tokens == 0) return cudaSuccess;

@@ -31,8 +31,9 @@ cudaError_t LaunchMlaKvUpdate(const void* kv_c, DType kv_c_dtype, int64_t kv_c_r
 // positions[t] in [0, table_rows) it rotates q_pe[t, h, :] for every head h
 // and k_pe[t, :] in place as LaunchApplyRope (kernels/cuda/rope.cuh) does;
 // then, for t < num_slot_tokens with a slot as above, it writes [kv_c[t] |
-// k_pe[t]] (rotated) to the cache as LaunchMlaKvUpdate. q_pe, k_pe and the
-// table are f32; kv_c and the cache f32 or bf16.
+// k_pe[t]] (rotated; kv_c normalised first when norm_weight is set) to the
+// cache as LaunchMlaKvUpdate. q_pe, k_pe and the table are f32; kv_c and the
+// cache f32 or bf16.
 struct RopeKvUpdateArgs {
   const int32_t* positions;
   int64_t position_stride;
@@ -51,6 +52,14 @@ struct RopeKvUpdateArgs {
   void* cache;
   DType cache_dtype;
   int64_t num_slots, rkv;
+  // Optional: the latent's RMSNorm before it is written (norm_weight
+  // [rkv], f32 or bf16); nullptr writes kv_c as it is. The cache then
+  // receives exactly LaunchRmsNorm's f32 result for that row, cast to the
+  // cache dtype (same reduction: 256 threads, a double sum, one CUB block
+  // reduction), and kv_c is only read.
+  const void* norm_weight;
+  DType norm_weight_dtype;
+  float norm_eps;
 };
 cudaError_t LaunchMlaRopeKvUpdate(const RopeKvUpdateArgs& args, cudaStream_t stream);
 

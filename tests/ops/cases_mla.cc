@@ -59,6 +59,7 @@
 #include "kernels/host/parallel.h"
 #include "kernels/mla_attention.h"
 #include "kernels/mla_kv_update.h"
+#include "kernels/rms_norm.h"
 #include "kernels/rope.h"
 #include "mlag_config.h"
 #include "tests/ops/harness.h"
@@ -188,8 +189,10 @@ void KvUpdateCase(Context& ctx, const KvCase& c, bool dummy) {
 // its double reference by the apply_rope and mla_kv_update cases). Inputs as
 // the MLA block has them: q_pe the rope part of q, k_pe that of the latent
 // row; positions out of range on both sides, dummy slots, and fewer slot
-// entries than tokens (graph padding).
-void RopeKvUpdateCase(Context& ctx, const KvCase& c, int64_t heads) {
+// entries than tokens (graph padding). `norm`: the latent's RMSNorm fused
+// too, against RmsNorm into an f32 buffer before MlaKvUpdate; kv_c must then
+// be left as it was.
+void RopeKvUpdateCase(Context& ctx, const KvCase& c, int64_t heads, bool norm) {
   const int64_t width = c.rkv + c.dr, dn = 24;
   const int64_t num_slots = c.num_blocks * c.block_size;
   const int64_t positions = 200;
@@ -243,15 +246,25 @@ void RopeKvUpdateCase(Context& ctx, const KvCase& c, int64_t heads) {
   }
 
   Stream& stream = ctx.stream();
+  Buf& norm_weight = ctx.Make("latent_norm.weight", c.input, {c.rkv});
+  ctx.Randomize(norm_weight, 0.5, 1.5);
+  const KvLatentNorm latent_norm{norm_weight.t, 1e-6f};
+  Buf& normed = ctx.Make("normed (two ops)", kF32, {c.rows, c.rkv});
   ASSERT_OK(ApplyRope(stream, pair.pos->t, pair.table->t, pair.q->t, pair.k->t));
-  ASSERT_OK(MlaKvUpdate(stream, pair.kv_c->t, pair.k->t, pair.slots->t, pair.cache->t));
+  if (norm) {
+    ASSERT_OK(RmsNorm(stream, pair.kv_c->t, norm_weight.t, latent_norm.eps, normed.t));
+  }
+  ASSERT_OK(
+      MlaKvUpdate(stream, norm ? normed.t : pair.kv_c->t, pair.k->t, pair.slots->t, pair.cache->t));
   ASSERT_OK(stream.Synchronize());
   ctx.RunOp({fused.q, fused.k, fused.cache},
             [&](Stream& s) {
               return MlaRopeKvUpdate(s, fused.pos->t, fused.table->t, fused.q->t, fused.kv_c->t,
-                                     fused.k->t, fused.slots->t, fused.cache->t);
+                                     fused.k->t, fused.slots->t, fused.cache->t,
+                                     norm ? &latent_norm : nullptr);
             },
             true, {fused.q, fused.k, fused.cache});
+  EXPECT_TRUE(ctx.Download(*fused.kv_c) == fused.kv_c->host) << "kv_c written";
   for (auto [got, want] :
        {std::pair{fused.q, pair.q}, {fused.k, pair.k}, {fused.cache, pair.cache}}) {
     EXPECT_TRUE(ctx.Download(*got) == ctx.Download(*want))
@@ -851,8 +864,11 @@ void AddMlaCases(CaseList& cases) {
       c.input = in;
       c.cache = cache;
       for (int64_t heads : {1, 3, 16}) {
-        cases.Add("mla_rope_kv_update", absl::StrCat(Name(c), " ", heads, " heads"),
-                  [c, heads](Context& ctx) { RopeKvUpdateCase(ctx, c, heads); });
+        for (bool norm : {false, true}) {
+          cases.Add("mla_rope_kv_update",
+                    absl::StrCat(Name(c), " ", heads, " heads", norm ? " latent norm" : ""),
+                    [c, heads, norm](Context& ctx) { RopeKvUpdateCase(ctx, c, heads, norm); });
+        }
       }
     }
   }
