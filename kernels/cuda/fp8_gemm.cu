@@ -77,19 +77,7 @@ size_t Fp8QuantizedBytes(int64_t rows, int64_t cols) {
 }
 
 cudaError_t Fp8BlockGemmSupported(int device, bool* supported) {
-  *supported = false;
-  int major = 0, minor = 0;
-  cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (err != cudaSuccess) return err;
-  err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  if (err != cudaSuccess) return err;
-  // The kernel's code must be built for sm_89 or newer too (a build for an
-  // older target only would JIT PTX that traps).
-  cudaFuncAttributes built{};
-  err = cudaFuncGetAttributes(&built, tc_gemm::TcGemmKernel<uint8_t, false, 1, true>);
-  if (err != cudaSuccess) return err;
-  *supported = major * 10 + minor >= 89 && built.binaryVersion >= 89 && built.ptxVersion >= 89;
-  return cudaSuccess;
+  return tc_gemm::TcGemmSupported(device, 89, supported);
 }
 
 cudaError_t LaunchQuantizeFp8Rows(const float* x, int64_t rows, int64_t cols, int64_t ld,

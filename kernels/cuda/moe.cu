@@ -655,20 +655,7 @@ size_t MoeExpertsWorkspaceBytes(int64_t T, int64_t K, int64_t D, int64_t I, int6
 cudaError_t MoeExpertsOnTensorCores(int device, DType w_dtype, bool* yes) {
   *yes = false;
   const int needed = w_dtype == DType::kBF16 ? 80 : w_dtype == DType::kF8E4M3 ? 89 : 0;
-  if (needed == 0) return cudaSuccess;
-  int major = 0, minor = 0;
-  cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (err != cudaSuccess) return err;
-  err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  if (err != cudaSuccess) return err;
-  // The kernels' code must be built for such a target too (PTX of an older
-  // one would trap).
-  cudaFuncAttributes built{};
-  err = cudaFuncGetAttributes(&built, tc_gemm::TcGemmKernel<uint8_t, true, 1, true>);
-  if (err != cudaSuccess) return err;
-  *yes =
-      major * 10 + minor >= needed && built.binaryVersion >= needed && built.ptxVersion >= needed;
-  return cudaSuccess;
+  return needed == 0 ? cudaSuccess : tc_gemm::TcGemmSupported(device, needed, yes);
 }
 
 cudaError_t LaunchMoeExperts(const MoeExpertsArgs& a, cudaStream_t stream) {

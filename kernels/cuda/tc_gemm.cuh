@@ -376,6 +376,24 @@ __global__ void __launch_bounds__(kTcThreads) TcGemmKernel(TcGemmArgs p) {
   }
 }
 
+// Whether `device` has tensor cores for an mma of compute capability
+// `needed` (80: bf16, 89: e4m3) and this build has code for them (a build
+// for an older target only would JIT PTX that traps).
+inline cudaError_t TcGemmSupported(int device, int needed, bool* yes) {
+  *yes = false;
+  int major = 0, minor = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err != cudaSuccess) return err;
+  err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (err != cudaSuccess) return err;
+  cudaFuncAttributes built{};
+  err = cudaFuncGetAttributes(&built, TcGemmKernel<uint8_t, false, 1, true>);
+  if (err != cudaSuccess) return err;
+  *yes =
+      major * 10 + minor >= needed && built.binaryVersion >= needed && built.ptxVersion >= needed;
+  return cudaSuccess;
+}
+
 // Row tile height of a grouped GEMM from the shapes alone (a graph replays the same kernels):
 // the smallest of 8, 16, 32, 64 that holds the average rows per local
 // expert, so that an expert's weights are read by as few row tiles as

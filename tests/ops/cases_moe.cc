@@ -427,16 +427,22 @@ struct ExpertsRef {
   std::vector<double> w_down;     // [L, D, I]
 };
 
+// The local slot of (token, k) pair p, or -1 when its id or slot is out of range.
+int64_t SlotOfPair(const ExpertsRef& r, int64_t p) {
+  const int64_t e = r.ids[Index(p)];
+  if (e < 0 || e >= r.E) return -1;
+  const int64_t slot = r.map[Index(e)];
+  return slot >= 0 && slot < r.L ? slot : -1;
+}
+
 // out[t] = sum over valid k of weights[t,k] * W_down (silu(W_gate x) * (W_up x)), in double.
 std::vector<double> RefExperts(const ExpertsRef& r) {
   std::vector<double> out(Index(r.T * r.D), 0.0), act(Index(r.I));
   for (int64_t t = 0; t < r.T; ++t) {
     const double* xt = r.x.data() + t * r.D;
     for (int64_t k = 0; k < r.K; ++k) {
-      const int64_t e = r.ids[Index(t * r.K + k)];
-      if (e < 0 || e >= r.E) continue;
-      const int64_t slot = r.map[Index(e)];
-      if (slot < 0 || slot >= r.L) continue;
+      const int64_t slot = SlotOfPair(r, t * r.K + k);
+      if (slot < 0) continue;
       const double* gu = r.w_gate_up.data() + slot * 2 * r.I * r.D;
       const double* dn = r.w_down.data() + slot * r.D * r.I;
       for (int64_t i = 0; i < r.I; ++i) {
@@ -641,10 +647,8 @@ BoundedRef RefExpertsTensorCores(const ExpertsRef& r, DType dtype) {
   for (int64_t t = 0; t < r.T; ++t) {
     const std::vector<double> xs = StagedRow(dtype, r.x.data() + t * r.D, r.D);
     for (int64_t k = 0; k < r.K; ++k) {
-      const int64_t e = r.ids[Index(t * r.K + k)];
-      if (e < 0 || e >= r.E) continue;
-      const int64_t slot = r.map[Index(e)];
-      if (slot < 0 || slot >= r.L) continue;
+      const int64_t slot = SlotOfPair(r, t * r.K + k);
+      if (slot < 0) continue;
       const double* gu = r.w_gate_up.data() + slot * 2 * r.I * r.D;
       const double* dn = r.w_down.data() + slot * r.D * r.I;
       for (int64_t i = 0; i < r.I; ++i) {
@@ -722,9 +726,8 @@ void CheckExpertsOutput(Context& ctx, Buf& out, const ExpertsRef& r, DType dtype
   // exchange their block-0 scales (fp8: the row whose scale differs most) or
   // their values (bf16: row 1).
   int64_t used = -1;
-  for (size_t p = 0; p < r.ids.size() && used < 0; ++p) {
-    const int64_t e = r.ids[p];
-    if (e >= 0 && e < r.E && r.map[Index(e)] >= 0 && r.map[Index(e)] < r.L) used = r.map[Index(e)];
+  for (int64_t p = 0; p < static_cast<int64_t>(r.ids.size()) && used < 0; ++p) {
+    used = SlotOfPair(r, p);
   }
   if (used < 0) return;
   ExpertsRef swapped = r;
