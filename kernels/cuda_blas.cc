@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -14,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/fp8_gemm.cuh"
 #include "kernels/cuda/linear.cuh"
@@ -41,6 +43,10 @@ struct GemmKey {
   bool trans_a = false;
   bool trans_b = false;
   bool bf16_ab = false;  // A and B in bf16 (C f32); else all f32
+  // A and B in e4m3 (C f32), A scaled per 128x128 block, B per 128 along K
+  // (CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F / VEC128_32F): LinearFp8's
+  // form, TN only.
+  bool fp8_block = false;
   int64_t m = 0, n = 0, k = 0;
   int64_t lda = 0, ldb = 0, ldc = 0;
   int32_t batch = 1;  // strides are 0 when batch == 1
@@ -51,8 +57,8 @@ struct GemmKey {
   uint32_t align_a = 0, align_b = 0, align_c = 0;
 
   auto Tie() const {
-    return std::tie(trans_a, trans_b, bf16_ab, m, n, k, lda, ldb, ldc, batch, stride_a, stride_b,
-                    stride_c, align_a, align_b, align_c);
+    return std::tie(trans_a, trans_b, bf16_ab, fp8_block, m, n, k, lda, ldb, ldc, batch, stride_a,
+                    stride_b, stride_c, align_a, align_b, align_c);
   }
   friend bool operator==(const GemmKey& a, const GemmKey& b) { return a.Tie() == b.Tie(); }
   template <typename H>
@@ -62,9 +68,10 @@ struct GemmKey {
 
   std::string ToString() const {
     return absl::StrCat("m=", m, " n=", n, " k=", k, " transa=", trans_a ? "T" : "N",
-                        " transb=", trans_b ? "T" : "N", bf16_ab ? " bf16 A,B" : "", " lda=", lda,
-                        " ldb=", ldb, " ldc=", ldc, " batch=", batch, " strides=", stride_a, "/",
-                        stride_b, "/", stride_c, " align=", align_a, "/", align_b, "/", align_c);
+                        " transb=", trans_b ? "T" : "N", bf16_ab ? " bf16 A,B" : "",
+                        fp8_block ? " e4m3 A,B block-scaled" : "", " lda=", lda, " ldb=", ldb,
+                        " ldc=", ldc, " batch=", batch, " strides=", stride_a, "/", stride_b, "/",
+                        stride_c, " align=", align_a, "/", align_b, "/", align_c);
   }
 };
 
@@ -130,8 +137,16 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> MakePlan(cublasLtHandle_t handle, cons
       cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   MLAG_CUBLAS_RETURN_IF_ERROR(
       cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  if (key.fp8_block) {
+    const int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    const int32_t b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode)));
+    MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof(b_mode)));
+  }
   // Layouts describe the matrices as stored: a transposed A is k x m.
-  const cudaDataType_t ab = key.bf16_ab ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType_t ab = key.fp8_block ? CUDA_R_8F_E4M3 : key.bf16_ab ? CUDA_R_16BF : CUDA_R_32F;
   MLAG_RETURN_IF_ERROR(MakeLayout(&plan->a, ab, key.trans_a ? key.k : key.m,
                                   key.trans_a ? key.m : key.k, key.lda, key.batch, key.stride_a));
   MLAG_RETURN_IF_ERROR(MakeLayout(&plan->b, ab, key.trans_b ? key.n : key.k,
@@ -207,7 +222,25 @@ class Context {
     return p;
   }
 
+  // Plan for a shape cuBLASLt may not support (LinearFp8's block-scaled
+  // form: sm_90 only): nullptr when the library found no algorithm, which is
+  // remembered, so the caller's fallback is chosen once, eagerly.
+  absl::StatusOr<const GemmPlan*> TryPlan(const GemmKey& key, bool capturing, absl::string_view op,
+                                          absl::string_view shape) {
+    if (unsupported_.contains(key)) return nullptr;
+    if (plans_.contains(key) || capturing) return Plan(key, capturing, op, shape);
+    absl::StatusOr<std::unique_ptr<GemmPlan>> plan = MakePlan(handle_, key, workspace_.bytes());
+    if (!plan.ok()) {
+      unsupported_.insert(key);
+      return nullptr;
+    }
+    const GemmPlan* p = plan->get();
+    plans_.emplace(key, *std::move(plan));
+    return p;
+  }
+
   size_t plan_count() const { return plans_.size(); }
+  size_t fp8_matmuls = 0;  // LinearFp8 launches through cuBLASLt, for tests
 
   absl::StatusOr<void*> Scratch(Stream& stream, size_t bytes, absl::string_view user) {
     if (bytes <= scratch_.bytes()) return bytes == 0 ? nullptr : scratch_.data();
@@ -231,6 +264,7 @@ class Context {
   cublasLtHandle_t handle_ = nullptr;
   Buffer workspace_;
   absl::flat_hash_map<GemmKey, std::unique_ptr<GemmPlan>> plans_;
+  absl::flat_hash_set<GemmKey> unsupported_;
   Buffer scratch_;
   std::vector<Buffer> retired_scratch_;
 };
@@ -258,12 +292,20 @@ absl::StatusOr<std::shared_ptr<Context>> GetContext(Stream& stream, absl::string
   return ctx;
 }
 
-// Runs one planned matmul D = op(A) op(B) on the stream as op `op`.
-absl::Status RunGemm(Stream& stream, absl::string_view op, absl::string_view shape,
-                     const GemmKey& key, const void* a, const void* b, void* c,
-                     const OpCost& cost) {
-  MLAG_ASSIGN_OR_RETURN(std::shared_ptr<Context> ctx, GetContext(stream, op));
-  MLAG_ASSIGN_OR_RETURN(const GemmPlan* plan, ctx->Plan(key, stream.capturing(), op, shape));
+// Enqueues `plan`'s matmul D = op(A) op(B) on the stream as op `op`, with
+// A's and B's scales (fp8_block plans; the descriptor keeps the pointers
+// until the next call sets its own).
+absl::Status LaunchPlan(Stream& stream, Context& context, const GemmPlan* plan,
+                        absl::string_view op, absl::string_view shape, const void* a, const void* b,
+                        void* c, const OpCost& cost, const void* a_scale = nullptr,
+                        const void* b_scale = nullptr) {
+  Context* ctx = &context;
+  if (a_scale != nullptr || b_scale != nullptr) {
+    MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale)));
+    MLAG_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale)));
+  }
   static const float kOne = 1.0f;
   static const float kZero = 0.0f;
   cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
@@ -283,6 +325,15 @@ absl::Status RunGemm(Stream& stream, absl::string_view op, absl::string_view sha
     return absl::Status(s.code(), absl::StrCat(op, " ", shape, ": ", s.message()));
   }
   return launched;
+}
+
+// Runs one planned matmul D = op(A) op(B) on the stream as op `op`.
+absl::Status RunGemm(Stream& stream, absl::string_view op, absl::string_view shape,
+                     const GemmKey& key, const void* a, const void* b, void* c,
+                     const OpCost& cost) {
+  MLAG_ASSIGN_OR_RETURN(std::shared_ptr<Context> ctx, GetContext(stream, op));
+  MLAG_ASSIGN_OR_RETURN(const GemmPlan* plan, ctx->Plan(key, stream.capturing(), op, shape));
+  return LaunchPlan(stream, *ctx, plan, op, shape, a, b, c, cost);
 }
 
 // Zeroes an f32 [n0, n1, n2] view (an empty reduction's result).
@@ -355,7 +406,7 @@ absl::StatusOr<bool> Fp8GemmSupported(int device) {
 }
 
 absl::Status LinearFp8(Stream& stream, const Tensor& x, const Tensor& weight, const Tensor& scales,
-                       const Tensor& y) {
+                       const Tensor& block_scales, const Tensor& y) {
   const int64_t rows = x.size(0);
   const int64_t in = x.size(1);
   const int64_t out = weight.size(0);
@@ -369,11 +420,70 @@ absl::Status LinearFp8(Stream& stream, const Tensor& x, const Tensor& weight, co
         absl::StrCat("linear: fp8 weights need an sm_89 or newer GPU and a build for it (",
                      stream.device().name(), "); the loader keeps them in bf16 there"));
   }
+  const OpCost cost{static_cast<double>(weight.nbytes() + scales.nbytes()) +
+                        // x read as f32 and written and read again as e4m3; y written
+                        static_cast<double>(rows * in) * (sizeof(float) + 2) +
+                        static_cast<double>(rows * out) * sizeof(float),
+                    2.0 * rows * in * out, weight.dtype()};
+  MLAG_ASSIGN_OR_RETURN(std::shared_ptr<Context> ctx, GetContext(stream, "linear"));
+  const int64_t blocks = (in + 127) / 128;
+
+  // cuBLASLt's block-scaled FP8 (sm_90): the weights as A, transposed
+  // (stored [out, in]: k x m, ld in), with their block scales as
+  // BLK128x128; x quantized as B [in, rows] (ld the 16-byte row pitch) with
+  // VEC128 scales [blocks][roundup(rows, 4)]. Without block scales, or where
+  // cuBLASLt finds no algorithm (sm_89, sm_100), the tensor-core GEMM of
+  // fp8_gemm.cuh. cuBLASLt is expected to stream the weights near the copy
+  // bandwidth at every batch; the device bundle's profile measures it.
+  // MLAG_FP8_GEMM=tc keeps every shape on the tensor-core GEMM, for a
+  // benchmark of the two paths on one GPU (tests/gpu/run_device_checks.sh).
+  static const bool force_tc = [] {
+    const char* v = std::getenv("MLAG_FP8_GEMM");
+    return v != nullptr && std::string(v) == "tc";
+  }();
+  if (!force_tc && block_scales.data() != nullptr && in % 16 == 0) {
+    GemmKey key;
+    key.trans_a = true;
+    key.fp8_block = true;
+    key.m = out;
+    key.n = rows;
+    key.k = in;
+    key.lda = in;
+    key.ldb = cuda::Fp8QuantizedPitch(in);
+    key.ldc = rows > 1 ? y.stride(0) : out;
+    key.align_a = Alignment(weight.data(), key.lda, 1, 0, 1);
+    key.align_b = 16;  // the scratch below: 256-byte aligned, 16-byte pitch
+    key.align_c = Alignment(y.data(), key.ldc, 1, 0);
+    const std::string shape = absl::StrCat("x ", x.ShapeString(), " * weight ",
+                                           weight.ShapeString(), " e4m3 block-scaled^T -> y ",
+                                           y.ShapeString(), " (row stride ", y.stride(0), ")");
+    MLAG_ASSIGN_OR_RETURN(const GemmPlan* plan,
+                          ctx->TryPlan(key, stream.capturing(), "linear", shape));
+    if (plan != nullptr) {
+      const int64_t sx_ld = (rows + 3) / 4 * 4;
+      const size_t scale_bytes =
+          (static_cast<size_t>(blocks * sx_ld) * sizeof(float) + 255) / 256 * 256;
+      MLAG_ASSIGN_OR_RETURN(
+          void* scratch,
+          Scratch(stream, scale_bytes + static_cast<size_t>(rows * key.ldb), "linear (fp8)"));
+      float* sx = static_cast<float*>(scratch);
+      uint8_t* qx = static_cast<uint8_t*>(scratch) + scale_bytes;
+      MLAG_RETURN_IF_ERROR(stream.LaunchCuda("linear", OpKind::kGemm, [&](void* s) {
+        return static_cast<int>(cuda::LaunchQuantizeFp8RowsVec128(x.data_as<float>(), rows, in,
+                                                                  x.stride(0), qx, sx, sx_ld,
+                                                                  static_cast<cudaStream_t>(s)));
+      }));
+      ++ctx->fp8_matmuls;
+      return LaunchPlan(stream, *ctx, plan, "linear", shape, weight.data(), qx, y.data(), cost,
+                        block_scales.data(), sx);
+    }
+  }
+
   int sm_count = 0;
   MLAG_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, stream.device().index()));
   const int splits = cuda::Fp8GemmSplits(rows, out, in, sm_count);
-  const size_t scale_bytes = static_cast<size_t>(rows * ((in + 127) / 128)) * sizeof(float);
+  const size_t scale_bytes = static_cast<size_t>(rows * blocks) * sizeof(float);
   const size_t quantized_bytes = (cuda::Fp8QuantizedBytes(rows, in) + 255) / 256 * 256;
   MLAG_ASSIGN_OR_RETURN(
       void* scratch, Scratch(stream, quantized_bytes + cuda::Fp8GemmPartialBytes(rows, out, splits),
@@ -394,11 +504,7 @@ absl::Status LinearFp8(Stream& stream, const Tensor& x, const Tensor& weight, co
             qx, sx, weight.data_as<uint8_t>(), scales.data_as<float>(), rows, out, in,
             y.data_as<float>(), y.stride(0), splits, partials, cs));
       },
-      OpCost{static_cast<double>(weight.nbytes() + scales.nbytes()) +
-                 // x read as f32 and written and read again as e4m3; y written
-                 static_cast<double>(rows * in) * (sizeof(float) + 2) +
-                 static_cast<double>(rows * out) * sizeof(float),
-             2.0 * rows * in * out, weight.dtype()});
+      cost);
 }
 
 absl::Status HeadMatmul(Stream& stream, const Tensor& x, const Tensor& weight, bool transpose_w,
@@ -504,6 +610,11 @@ absl::StatusOr<void*> Scratch(Stream& stream, size_t bytes, absl::string_view us
 size_t CachedAlgorithmCount(const Stream& stream) {
   std::shared_ptr<void> found = stream.attachment(&kContextKey);
   return found == nullptr ? 0 : std::static_pointer_cast<Context>(found)->plan_count();
+}
+
+size_t CublasLtFp8Matmuls(const Stream& stream) {
+  std::shared_ptr<void> found = stream.attachment(&kContextKey);
+  return found == nullptr ? 0 : std::static_pointer_cast<Context>(found)->fp8_matmuls;
 }
 
 }  // namespace mlag::cuda_blas

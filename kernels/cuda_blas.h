@@ -27,7 +27,9 @@
 // Numerics: f32 operands, f32 output, CUBLAS_COMPUTE_32F (no TF32), alpha 1,
 // beta 0 (the output is write-only: stale contents, even NaN, never leak in).
 // A Linear with bf16 weights rounds x to bf16 (in the scratch buffer) and
-// multiplies bf16 by bf16 with f32 accumulation and output.
+// multiplies bf16 by bf16 with f32 accumulation and output. One with fp8
+// weights quantizes x per row and 128-column block to e4m3 (scratch) and
+// multiplies e4m3 by e4m3 with Hopper's block scaling (see LinearFp8).
 #pragma once
 
 #include <cstddef>
@@ -50,12 +52,17 @@ inline constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 absl::Status Linear(Stream& stream, const Tensor& x, const Tensor& weight, const Tensor& y);
 
 // y = x W^T with W in e4m3 and per-row 128-column block scales (a
-// LinearWeight, validated by kernels/linear.cc), through the FP8
-// block-scaled GEMM (kernels/cuda/fp8_gemm.cuh): x is quantized per row and
-// 128-column block into the stream's scratch first. FailedPrecondition where
-// Fp8GemmSupported is false.
+// LinearWeight, validated by kernels/linear.cc): x is quantized per row and
+// 128-column block into the stream's scratch first, then multiplied by
+// cuBLASLt's block-scaled FP8 matmul (W's `block_scales` as BLK128x128, x's
+// as VEC128) where the weight has block scales (LinearWeight), in is a
+// multiple of 16 and the library has an algorithm for it (sm_90); else by
+// the tensor-core GEMM of kernels/cuda/fp8_gemm.cuh with the per-row
+// `scales`. Both accumulate each 128-wide K block in f32 and add the scaled
+// blocks in f32. `block_scales` may be an unset Tensor. FailedPrecondition
+// where Fp8GemmSupported is false.
 absl::Status LinearFp8(Stream& stream, const Tensor& x, const Tensor& weight, const Tensor& scales,
-                       const Tensor& y);
+                       const Tensor& block_scales, const Tensor& y);
 
 // Whether CUDA device `device` runs LinearFp8 (sm_89 or later, and this
 // build has code for it).
@@ -86,5 +93,9 @@ absl::StatusOr<void*> Scratch(Stream& stream, size_t bytes, absl::string_view us
 
 // Algorithms cached for `stream` (0 without a context), for tests.
 size_t CachedAlgorithmCount(const Stream& stream);
+
+// LinearFp8 calls on `stream` that went to cuBLASLt (0 without a context),
+// for tests: that a case meant for that path took it.
+size_t CublasLtFp8Matmuls(const Stream& stream);
 
 }  // namespace mlag::cuda_blas

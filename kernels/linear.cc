@@ -86,6 +86,12 @@ LinearWeight LinearWeight::SliceRows(int64_t r0, int64_t r1) const {
   const int d = values.ndim() - 2;
   LinearWeight w(values.Slice(d, r0, r1), has_scales() ? scales.Slice(d, r0, r1) : Tensor());
   w.host_row_groups = host_row_groups;
+  // Block scales cover whole 128-row blocks: only a slice on their bounds
+  // keeps them.
+  const int64_t out = values.size(d);
+  if (has_block_scales() && r0 % kFp8BlockSize == 0 && (r1 % kFp8BlockSize == 0 || r1 == out)) {
+    w.block_scales = block_scales.Slice(0, r0 / kFp8BlockSize, Fp8Blocks(r1));
+  }
   return w;
 }
 
@@ -113,7 +119,18 @@ absl::Status CheckLinearWeight(const Stream& stream, const LinearWeight& weight,
                                                    weight.scales.ShapeString(), ", expected [",
                                                    absl::StrJoin(scale_shape, ", "), "]"));
   }
-  return CheckContiguous(weight.scales, scales_arg);
+  MLAG_RETURN_IF_ERROR(CheckContiguous(weight.scales, scales_arg));
+  if (!weight.has_block_scales()) return absl::OkStatus();
+  const std::string block_arg = absl::StrCat(arg, ".block_scales");
+  if (v.ndim() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(block_arg, ": set on ", v.ShapeString(),
+                                                   "; only [out, in] matrices have them"));
+  }
+  MLAG_RETURN_IF_ERROR(CheckOnStream(stream, weight.block_scales, block_arg));
+  MLAG_RETURN_IF_ERROR(CheckDType(weight.block_scales, block_arg, {DType::kF32}));
+  MLAG_RETURN_IF_ERROR(
+      CheckShape(weight.block_scales, block_arg, {Fp8Blocks(v.size(0)), BlockScaleLd(v.size(1))}));
+  return CheckContiguous(weight.block_scales, block_arg);
 }
 
 absl::Status PackForLinear(const Device& device, LinearWeight& w) {
@@ -166,7 +183,7 @@ absl::Status Linear(Stream& stream, const Tensor& x, const LinearWeight& weight,
     // cuBLASLt, or the FP8 block-scaled GEMM; see kernels/cuda_blas.h for
     // the warm-up-before-capture rule.
     if (weight.values.dtype() == DType::kF8E4M3) {
-      return cuda_blas::LinearFp8(stream, x, weight.values, weight.scales, y);
+      return cuda_blas::LinearFp8(stream, x, weight.values, weight.scales, weight.block_scales, y);
     }
     return cuda_blas::Linear(stream, x, weight.values, y);
 #endif

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "runtime/core/fp8_blocks.h"
 #include "runtime/core/stream.h"
 #include "runtime/core/tensor.h"
 
@@ -39,10 +40,23 @@ struct LinearWeight {
   // r0 a multiple of kGemmGroupRows, and r1 too unless it is `out`.
   LinearWeight SliceRows(int64_t r0, int64_t r1) const;
 
+  // Whether block_scales are set.
+  bool has_block_scales() const { return block_scales.data() != nullptr; }
+
   Tensor values;
   Tensor scales;
+  // Optional, fp8 [out, in] matrices on CUDA: the same scales once per
+  // 128 x 128 block, f32 [Fp8Blocks(out), BlockScaleLd(in)] (the K blocks
+  // padded to a multiple of 4 with zeros): cuBLASLt's BLK128x128 layout.
+  // Set by the loader from a checkpoint's block scales, so each 128-row
+  // block of `scales` repeats its row here; Linear then multiplies through
+  // cuBLASLt's block-scaled FP8 where the GPU has it (kernels/cuda_blas.h).
+  Tensor block_scales;
   bool host_row_groups = false;  // values packed in the host GEMM's row groups
 };
+
+// Leading dimension of LinearWeight::block_scales for `in` columns.
+inline int64_t BlockScaleLd(int64_t in) { return (Fp8Blocks(in) + 3) / 4 * 4; }
 
 // Validates `weight` as argument `arg` with values of shape `shape` (-1: any):
 // dtype, contiguity and, for fp8, the scales' dtype and shape. CUDA takes f32

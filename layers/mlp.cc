@@ -19,6 +19,8 @@ absl::Status Mlp::Load(WeightArena& arena, WeightSource& source) {
   const std::string gate = weight_prefix_ + "gate_proj.weight";
   MLAG_ASSIGN_OR_RETURN(w_gate_up_,
                         arena.AllocateLinear({2 * W, D}, arena.LinearDType(source, gate)));
+  // Block scales (CUDA fp8) when the up half starts on a 128-row block.
+  if (W % kFp8BlockSize == 0) MLAG_RETURN_IF_ERROR(arena.AddBlockScales(w_gate_up_));
   MLAG_RETURN_IF_ERROR(arena.LoadLinearInto(source, gate, {W, D}, w_gate_up_.SliceRows(0, W)));
   MLAG_RETURN_IF_ERROR(arena.LoadLinearInto(source, weight_prefix_ + "up_proj.weight", {W, D},
                                             w_gate_up_.SliceRows(W, 2 * W)));

@@ -125,9 +125,20 @@ absl::StatusOr<LinearWeight> WeightArena::LoadLinear(WeightSource& source, const
   MLAG_ASSIGN_OR_RETURN(LinearWeight w,
                         AllocateLinearImpl(shape, LinearDType(source, name, allow_fp8),
                                            /*zero=*/false));
+  MLAG_RETURN_IF_ERROR(AddBlockScales(w));
   MLAG_RETURN_IF_ERROR(LoadLinearInto(source, name, shape, w));
   MLAG_RETURN_IF_ERROR(PackForLinear(*device_, w));
   return w;
+}
+
+absl::Status WeightArena::AddBlockScales(LinearWeight& w) {
+  if (!device_->is_cuda() || w.dtype() != DType::kF8E4M3 || w.values.ndim() != 2) {
+    return absl::OkStatus();
+  }
+  MLAG_ASSIGN_OR_RETURN(w.block_scales,
+                        AllocateImpl({Fp8Blocks(w.values.size(0)), BlockScaleLd(w.values.size(1))},
+                                     DType::kF32, /*zero=*/true));
+  return absl::OkStatus();
 }
 
 absl::Status WeightArena::LoadLinearInto(WeightSource& source, const std::string& name,
@@ -194,7 +205,21 @@ absl::Status WeightArena::LoadLinearInto(WeightSource& source, const std::string
   std::vector<float> row_scales(static_cast<size_t>(rows * col_blocks));
   ExpandFp8RowScales(block_scales.data(), rows, cols, row_scales.data());
   MLAG_RETURN_IF_ERROR(uploader_->Copy(dst.values.data(), q, dst.values.nbytes()));
-  return uploader_->Copy(dst.scales.data(), row_scales.data(), dst.scales.nbytes());
+  MLAG_RETURN_IF_ERROR(uploader_->Copy(dst.scales.data(), row_scales.data(), dst.scales.nbytes()));
+  if (!dst.has_block_scales()) return absl::OkStatus();
+  // The checkpoint's block scales as they are, the K blocks padded to
+  // BlockScaleLd with zeros (cuBLASLt's BLK128x128 layout).
+  const int64_t ld = BlockScaleLd(cols);
+  if (dst.block_scales.numel() != Fp8Blocks(rows) * ld) {
+    return absl::InternalError(absl::StrCat("LoadLinearInto '", name, "': block scales ",
+                                            dst.block_scales.ShapeString(), " do not fit ", rows,
+                                            " rows"));
+  }
+  std::vector<float> padded(static_cast<size_t>(Fp8Blocks(rows) * ld), 0.0f);
+  for (int64_t br = 0; br < Fp8Blocks(rows); ++br) {
+    std::copy_n(block_scales.data() + br * col_blocks, col_blocks, padded.data() + br * ld);
+  }
+  return uploader_->Copy(dst.block_scales.data(), padded.data(), dst.block_scales.nbytes());
 }
 
 absl::StatusOr<Tensor> WeightArena::Allocate(std::initializer_list<int64_t> shape, DType dtype) {

@@ -52,6 +52,12 @@ class WeightArena {
 
   // A new projection holding source tensor `name` [out, in] in LinearDType,
   // in the layout the device reads (PackForLinear: packed on the host).
+  // Gives a CUDA fp8 [out, in] projection its block_scales (LinearWeight),
+  // zeroed, for LoadLinearInto to fill; a no-op elsewhere. LoadLinear calls
+  // it; a caller assembling a matrix from parts calls it only when every
+  // part starts on a 128-row boundary (a part that does not cannot fill them).
+  absl::Status AddBlockScales(LinearWeight& w);
+
   absl::StatusOr<LinearWeight> LoadLinear(WeightSource& source, const std::string& name,
                                           std::initializer_list<int64_t> shape,
                                           bool allow_fp8 = true);

@@ -17,7 +17,8 @@ __host__ __device__ inline int64_t ScaleBlocks(int64_t cols) {
 // thread per column.
 __global__ void __launch_bounds__(kQuantThreads)
     QuantizeFp8RowsKernel(const float* x, int64_t rows, int64_t cols, int64_t ld, uint8_t* qx,
-                          int64_t pitch, float* sx, int64_t scale_blocks) {
+                          int64_t pitch, float* sx, int64_t sx_row_stride,
+                          int64_t sx_block_stride) {
   __shared__ float amax[kQuantThreads];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kFp8GemmBlockK + threadIdx.x;
   for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
@@ -39,7 +40,7 @@ __global__ void __launch_bounds__(kQuantThreads)
     } else if (c < pitch) {
       qx[row * pitch + c] = 0;
     }
-    if (threadIdx.x == 0) sx[row * scale_blocks + blockIdx.x] = s;
+    if (threadIdx.x == 0) sx[row * sx_row_stride + blockIdx.x * sx_block_stride] = s;
     __syncthreads();  // amax is rewritten by the next row
   }
 }
@@ -87,7 +88,19 @@ cudaError_t LaunchQuantizeFp8Rows(const float* x, int64_t rows, int64_t cols, in
   const dim3 grid(static_cast<unsigned>(ScaleBlocks(cols)),
                   static_cast<unsigned>(rows < 65535 ? rows : 65535));
   MLAG_LAUNCH(QuantizeFp8RowsKernel, grid, kQuantThreads, 0, stream)
-  (x, rows, cols, ld, qx, Fp8QuantizedPitch(cols), sx, ScaleBlocks(cols));
+  (x, rows, cols, ld, qx, Fp8QuantizedPitch(cols), sx, ScaleBlocks(cols), 1);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchQuantizeFp8RowsVec128(const float* x, int64_t rows, int64_t cols, int64_t ld,
+                                        uint8_t* qx, float* sx, int64_t sx_ld,
+                                        cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  if (ScaleBlocks(cols) > 0x7fffffff || sx_ld < rows) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(ScaleBlocks(cols)),
+                  static_cast<unsigned>(rows < 65535 ? rows : 65535));
+  MLAG_LAUNCH(QuantizeFp8RowsKernel, grid, kQuantThreads, 0, stream)
+  (x, rows, cols, ld, qx, Fp8QuantizedPitch(cols), sx, 1, sx_ld);
   return cudaGetLastError();
 }
 

@@ -42,6 +42,14 @@ cudaError_t Fp8BlockGemmSupported(int device, bool* supported);
 cudaError_t LaunchQuantizeFp8Rows(const float* x, int64_t rows, int64_t cols, int64_t ld,
                                   uint8_t* qx, float* sx, cudaStream_t stream);
 
+// The same quantization with the scales laid out as cuBLASLt's
+// CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F reads them for the B operand
+// (rows are op(B)'s n): the scale of row r, block kb at sx[kb * sx_ld + r],
+// sx_ld >= rows (cuBLASLt's is roundup(rows, 4)). The padding between rows
+// is left as it was.
+cudaError_t LaunchQuantizeFp8RowsVec128(const float* x, int64_t rows, int64_t cols, int64_t ld,
+                                        uint8_t* qx, float* sx, int64_t sx_ld, cudaStream_t stream);
+
 // K splits of the GEMM for [rows, k] x [out, k]^T on a GPU of `sm_count` SMs:
 // 1 when the output tiles (ceil(rows / tile rows) x ceil(out / 64)) give two
 // CTAs per SM, else enough slices of K for that, each at least 4 K blocks

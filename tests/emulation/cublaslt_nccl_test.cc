@@ -1,6 +1,8 @@
 // The emulated cuBLASLt and NCCL keep the libraries' rules. cuBLASLt:
 // matmuls against a double-precision reference (transposes, batches, bf16
-// operands), no heuristic query during a capture. NCCL, four thread ranks
+// operands), no heuristic query during a capture, FP8 with Hopper's block
+// scaling read in the documented layouts (and its rules: TN only, sm_90
+// only, not BLK128x128 on both operands, scales required). NCCL, four thread ranks
 // on four emulated GPUs: every collective against its definition (sums in
 // rank order, so every rank holds the same bits), captured collectives
 // replayed, groups, splits; and, broken on purpose: two ranks on one device,
@@ -13,6 +15,7 @@
 #include <nccl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +24,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -140,6 +144,200 @@ TEST(EmulatedCublasLtTest, MatmulsMatchADoubleReference) {
     }
   }
   CheckMatmul(CUDA_R_32F, true, false, 64, 1, 130, 1);
+}
+
+// Block-scaled FP8 (TN): A stored k x m (ld lda), B k x n, each with a
+// scale tensor in its mode's documented layout, the padding filled with NaN
+// (a read of it poisons the result); D against the definition in double:
+// sum over 128-wide K blocks of sA(i, kb) sB(j, kb) (A_kb . B_kb), written
+// here from <cublasLt.h>'s index formulas. `swap`: the reference exchanges
+// A's block-0 scales of rows 0 and 1 (VEC128) or of row blocks 0 and 1
+// (BLK128x128), and must then disagree.
+enum class Mode { kVec128, kBlk128 };
+
+struct Fp8Operand {
+  std::vector<uint8_t> q;  // k x rows, column-major (row r's k values at r * ld)
+  std::vector<float> s;    // the scale tensor as laid out
+  int rows, ld;
+  Mode mode;
+  size_t ScaleIndex(int r, int kb, int k) const {
+    const int blocks = (k + 127) / 128;
+    return mode == Mode::kVec128 ? static_cast<size_t>(kb * ((rows + 3) / 4 * 4) + r)
+                                 : static_cast<size_t>(r / 128 * ((blocks + 3) / 4 * 4) + kb);
+  }
+};
+
+Fp8Operand MakeFp8Operand(std::mt19937& rng, int rows, int k, Mode mode) {
+  Fp8Operand o{{}, {}, rows, (k + 15) / 16 * 16, mode};
+  std::uniform_real_distribution<float> u(-400, 400), su(0.01f, 2.0f);
+  o.q.resize(static_cast<size_t>(o.ld) * rows);
+  for (uint8_t& v : o.q) v = mlag::F32ToF8E4M3(u(rng));
+  const int blocks = (k + 127) / 128;
+  const size_t n = mode == Mode::kVec128
+                       ? static_cast<size_t>(blocks * ((rows + 3) / 4 * 4))
+                       : static_cast<size_t>((rows + 127) / 128 * ((blocks + 3) / 4 * 4));
+  o.s.assign(n, std::nanf(""));
+  for (int r = 0; r < rows; ++r) {
+    for (int kb = 0; kb < blocks; ++kb) o.s[o.ScaleIndex(r, kb, k)] = su(rng);
+  }
+  return o;
+}
+
+cublasLtMatmulMatrixScale_t LtMode(Mode m) {
+  return m == Mode::kVec128 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                            : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+}
+
+void CheckBlockScaledFp8(Mode a_mode, Mode b_mode, int m, int n, int k) {
+  SCOPED_TRACE(::testing::Message() << "A " << (a_mode == Mode::kVec128 ? "VEC128" : "BLK128x128")
+                                    << " B " << (b_mode == Mode::kVec128 ? "VEC128" : "BLK128x128")
+                                    << " m " << m << " n " << n << " k " << k);
+  std::mt19937 rng(static_cast<unsigned>(m * 7 + n * 131 + k));
+  const Fp8Operand a = MakeFp8Operand(rng, m, k, a_mode), b = MakeFp8Operand(rng, n, k, b_mode);
+  uint8_t* da = Upload(a.q);
+  uint8_t* db = Upload(b.q);
+  float* dsa = Upload(a.s);
+  float* dsb = Upload(b.s);
+  const int ldd = m + 1;
+  float* dd = Upload(std::vector<float>(static_cast<size_t>(ldd) * n, std::nanf("")));
+
+  cublasLtHandle_t h;
+  LT_OK(cublasLtCreate(&h));
+  cublasLtMatmulDesc_t desc;
+  LT_OK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
+  LT_OK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+  LT_OK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+  const int32_t am = LtMode(a_mode), bm = LtMode(b_mode);
+  LT_OK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof(am)));
+  LT_OK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof(bm)));
+  Layout la, lb, ld;
+  LT_OK(cublasLtMatrixLayoutCreate(&la.l, CUDA_R_8F_E4M3, k, m, a.ld));
+  LT_OK(cublasLtMatrixLayoutCreate(&lb.l, CUDA_R_8F_E4M3, k, n, b.ld));
+  LT_OK(cublasLtMatrixLayoutCreate(&ld.l, CUDA_R_32F, m, n, ldd));
+  cublasLtMatmulPreference_t pref;
+  LT_OK(cublasLtMatmulPreferenceCreate(&pref));
+  cublasLtMatmulHeuristicResult_t result;
+  int returned = 0;
+  LT_OK(
+      cublasLtMatmulAlgoGetHeuristic(h, desc, la.l, lb.l, ld.l, ld.l, pref, 1, &result, &returned));
+  ASSERT_EQ(returned, 1);
+  const float one = 1.0f, zero = 0.0f;
+  // Scales are required with a block mode.
+  EXPECT_EQ(cublasLtMatmul(h, desc, &one, da, la.l, db, lb.l, &zero, dd, ld.l, dd, ld.l,
+                           &result.algo, nullptr, 0, nullptr),
+            CUBLAS_STATUS_INVALID_VALUE);
+  LT_OK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &dsa,
+                                       sizeof(dsa)));
+  LT_OK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &dsb,
+                                       sizeof(dsb)));
+  LT_OK(cublasLtMatmul(h, desc, &one, da, la.l, db, lb.l, &zero, dd, ld.l, dd, ld.l, &result.algo,
+                       nullptr, 0, nullptr));
+  const std::vector<float> got = Download(dd, static_cast<size_t>(ldd) * n);
+  // want(i, j), with A's block-0 scales of rows 0 and 1 exchanged if `swap`.
+  auto want = [&](int i, int j, bool swap, double* abs_sum) {
+    double acc = 0;
+    *abs_sum = 0;
+    for (int k0 = 0; k0 < k; k0 += 128) {
+      const int kb = k0 / 128;
+      const int group = a_mode == Mode::kVec128 ? 1 : 128;
+      const int ai = !swap || kb != 0 || i >= 2 * group ? i : i < group ? i + group : i - group;
+      const double scale = double{a.s[a.ScaleIndex(ai, kb, k)]} * b.s[b.ScaleIndex(j, kb, k)];
+      for (int p = k0; p < std::min(k, k0 + 128); ++p) {
+        const double prod = double{mlag::F8E4M3ToF32(a.q[static_cast<size_t>(i * a.ld + p)])} *
+                            mlag::F8E4M3ToF32(b.q[static_cast<size_t>(j * b.ld + p)]) * scale;
+        acc += prod;
+        *abs_sum += std::abs(prod);
+      }
+    }
+    return acc;
+  };
+  // f32 accumulation of k products, then the output's rounding.
+  const double gamma = k * std::ldexp(1.0, -24) / (1 - k * std::ldexp(1.0, -24));
+  int outside = 0, outside_swapped = 0;
+  for (int j = 0; j < n; ++j) {
+    for (int i = 0; i < m; ++i) {
+      double abs_sum;
+      const double w = want(i, j, false, &abs_sum);
+      const double bound = gamma * abs_sum + std::abs(w) * std::ldexp(1.0, -24);
+      const double g = got[static_cast<size_t>(j * ldd + i)];
+      if (!(std::abs(g - w) <= bound)) ++outside;
+      const double ws = want(i, j, true, &abs_sum);
+      if (!(std::abs(g - ws) <= bound)) ++outside_swapped;
+    }
+  }
+  EXPECT_EQ(outside, 0);
+  if (m > (a_mode == Mode::kVec128 ? 1 : 128)) {
+    EXPECT_GT(outside_swapped, 0) << "exchanged scales would go unnoticed";
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatmulDescDestroy(desc);
+  cublasLtDestroy(h);
+  for (void* p : {static_cast<void*>(da), static_cast<void*>(db), static_cast<void*>(dsa),
+                  static_cast<void*>(dsb), static_cast<void*>(dd)})
+    cudaFree(p);
+}
+
+TEST(EmulatedCublasLtTest, BlockScaledFp8ReadsTheDocumentedLayouts) {
+  // Odd row counts (VEC128's padded leading dimension), K with a short last
+  // block and block counts not a multiple of 4 (BLK128x128's padding), and
+  // more than 128 rows (a second row block).
+  for (auto [am, bm] :
+       {std::pair{Mode::kVec128, Mode::kVec128}, std::pair{Mode::kBlk128, Mode::kVec128},
+        std::pair{Mode::kVec128, Mode::kBlk128}}) {
+    for (auto [m, n, k] : {std::tuple{70, 5, 300}, std::tuple{130, 3, 512}, std::tuple{2, 1, 16},
+                           std::tuple{33, 17, 1040}}) {
+      CheckBlockScaledFp8(am, bm, m, n, k);
+    }
+  }
+}
+
+// The rules of block-scaled FP8: refused, not computed some other way.
+TEST(EmulatedCublasLtTest, BlockScaledFp8Rules) {
+  cublasLtHandle_t h;
+  LT_OK(cublasLtCreate(&h));
+  cublasLtMatmulPreference_t pref;
+  LT_OK(cublasLtMatmulPreferenceCreate(&pref));
+  // Heuristic status of (trans A, trans B, A mode, B mode, A/B type).
+  auto query = [&](cublasOperation_t opa, cublasOperation_t opb, int32_t am, int32_t bm,
+                   cudaDataType_t type) {
+    cublasLtMatmulDesc_t desc;
+    EXPECT_EQ(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+              CUBLAS_STATUS_SUCCESS);
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa));
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb));
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof(am));
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof(bm));
+    Layout la, lb, ld;
+    const bool ta = opa == CUBLAS_OP_T;
+    EXPECT_EQ(cublasLtMatrixLayoutCreate(&la.l, type, ta ? 256 : 64, ta ? 64 : 256, ta ? 256 : 64),
+              CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(cublasLtMatrixLayoutCreate(&lb.l, type, 256, 64, 256), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(cublasLtMatrixLayoutCreate(&ld.l, CUDA_R_32F, 64, 64, 64), CUBLAS_STATUS_SUCCESS);
+    cublasLtMatmulHeuristicResult_t result;
+    int returned = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h, desc, la.l, lb.l, ld.l, ld.l, pref,
+                                                             1, &result, &returned);
+    cublasLtMatmulDescDestroy(desc);
+    return st;
+  };
+  const int32_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  const int32_t blk = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+  EXPECT_EQ(query(CUBLAS_OP_T, CUBLAS_OP_N, blk, vec, CUDA_R_8F_E4M3), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(query(CUBLAS_OP_N, CUBLAS_OP_N, blk, vec, CUDA_R_8F_E4M3),
+            CUBLAS_STATUS_NOT_SUPPORTED);  // FP8 is TN only
+  EXPECT_EQ(query(CUBLAS_OP_T, CUBLAS_OP_N, blk, blk, CUDA_R_8F_E4M3), CUBLAS_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(query(CUBLAS_OP_T, CUBLAS_OP_N, blk, vec, CUDA_R_16BF), CUBLAS_STATUS_NOT_SUPPORTED);
+  // Hopper's modes: an sm_89 or sm_100 GPU has none of them.
+  for (const char* cc : {"89", "100"}) {
+    setenv("MLAG_EMULATED_COMPUTE_CAPABILITY", cc, 1);
+    EXPECT_EQ(query(CUBLAS_OP_T, CUBLAS_OP_N, blk, vec, CUDA_R_8F_E4M3),
+              CUBLAS_STATUS_NOT_SUPPORTED)
+        << "compute capability " << cc;
+    unsetenv("MLAG_EMULATED_COMPUTE_CAPABILITY");
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtDestroy(h);
 }
 
 TEST(EmulatedCublasLtTest, NoHeuristicQueryDuringACapture) {

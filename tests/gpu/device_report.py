@@ -104,7 +104,7 @@ def bench_lines(model, j):
     return lines
 
 
-for model in ("small", "v2-lite-8l"):
+for model in ("small", "v2-lite-8l", "v2-lite-8l_fp8_cublaslt", "v2-lite-8l_fp8_tc"):
     j = bench_json(read(f"bench_{model}.json"))
     if j is None:
         continue

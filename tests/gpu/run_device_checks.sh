@@ -11,7 +11,9 @@
 #      copy bandwidth of the same run;
 #   4. mlag bench --device cuda --profile on `small` and `v2-lite-8l`, batch
 #      1, 32 and 256: whole steps and each graph node against the copy
-#      bandwidth and the tensor-core peak measured in the same run.
+#      bandwidth and the tensor-core peak measured in the same run;
+#   5. v2-lite-8l with fp8 weights at batch 1 and 16, through cuBLASLt's
+#      block-scaled FP8 and through the tensor-core GEMM it replaces.
 # Every step has its own time limit and all share one deadline (8 minutes
 # from the start), so a hang costs one step and the run always reports.
 # $OUT gets three files: summary.txt (a table of every step and the
@@ -153,6 +155,15 @@ for model in small v2-lite-8l; do
   step 120 "mlag bench $model" "bench_$model.json" bash -c '"$@" 2>"$0"' \
     "$logs/bench_$model.err" "$bin/mlag" bench --model "$model" \
     --device cuda --batch-sizes 1,32,256 --steps 10 --prefill-lens 512 --profile --json
+done
+# 5. Dense FP8 projections: cuBLASLt's block scaling, then the tensor-core
+# GEMM it replaces (MLAG_FP8_GEMM=tc), on the same GPU.
+for path in cublaslt tc; do
+  step 60 "mlag bench v2-lite-8l fp8 ($path)" "bench_v2-lite-8l_fp8_$path.json" \
+    env MLAG_FP8_GEMM="$path" bash -c '"$@" 2>"$0"' \
+    "$logs/bench_v2-lite-8l_fp8_$path.err" "$bin/mlag" bench --model v2-lite-8l \
+    --weight-dtype fp8 --device cuda --batch-sizes 1,16 --steps 10 --prefill-lens 128 \
+    --profile --json
 done
 
 python3 "$here/device_report.py" "$work" "$OUT/summary.txt" "$OUT/figures.json"

@@ -13,9 +13,16 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "kernels/linear.h"
+#include "mlag_config.h"
 #include "runtime/core/fp8_blocks.h"
 #include "tests/ops/harness.h"
 #include "tests/status_matchers.h"
+
+#if MLAG_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/cuda_blas.h"
+#endif
 
 namespace mlag::ops_test {
 namespace {
@@ -101,9 +108,15 @@ BoundedRef RefFp8Linear(const std::vector<double>& xq, const std::vector<double>
 // e4m3's rounding (2^-4 relative per element). `positive`: x and the weights
 // drawn positive (no cancellation, so the bound is tight), and a reference
 // with two rows' block-0 scales exchanged must fall outside the bound: the
-// check catches a misplaced scale.
+// check catches a misplaced scale. `cublaslt`: a shape meant for
+// cuBLASLt's block-scaled FP8 (in / 128 blocks a multiple of 4), which must
+// take that path on an sm_90 GPU (the emulation's default).
 void LinearWeightDtypeCase(Context& ctx, DType dtype, int64_t rows, int64_t in, int64_t out,
-                           bool pack, bool positive = false) {
+                           bool pack, bool positive = false, bool cublaslt = false) {
+  if (dtype == DType::kF8E4M3) {
+    ASSERT_OK_AND_ASSIGN(const bool fp8, Fp8LinearSupported(ctx.stream().device()));
+    if (!fp8) GTEST_SKIP() << "no fp8 Linear on this GPU (the loader keeps bf16 there)";
+  }
   Buf& x = ctx.Make("x", DType::kF32, {rows, in}, 3, 1);
   ctx.Randomize(x, positive ? 0.1 : -1.0, 1.0);
   Buf& w = ctx.Make("weight", dtype, {out, in});
@@ -114,6 +127,25 @@ void LinearWeightDtypeCase(Context& ctx, DType dtype, int64_t rows, int64_t in, 
   if (dtype == DType::kF8E4M3) {
     Buf& scales = ctx.Make("scales", DType::kF32, {out, Fp8Blocks(in)});
     ctx.Randomize(scales, 0.01, 2.0);
+    if (cublaslt) {
+      // A checkpoint's scales: one per 128 x 128 block, repeated on its
+      // rows, and the same blocks as block_scales (padding zero).
+      Buf& blocks = ctx.Make("block_scales", DType::kF32, {Fp8Blocks(out), BlockScaleLd(in)});
+      const std::vector<double> row = scales.Values();
+      for (int64_t br = 0; br < Fp8Blocks(out); ++br) {
+        for (int64_t kb = 0; kb < BlockScaleLd(in); ++kb) {
+          const double v =
+              kb < Fp8Blocks(in) ? row[static_cast<size_t>(br * 128 * Fp8Blocks(in) + kb)] : 0.0;
+          blocks.Set(br * BlockScaleLd(in) + kb, v);
+          for (int64_t r = br * 128; r < std::min(out, br * 128 + 128) && kb < Fp8Blocks(in); ++r) {
+            scales.Set(r * Fp8Blocks(in) + kb, v);
+          }
+        }
+      }
+      ctx.Upload(blocks);
+      ctx.Upload(scales);
+      weight.block_scales = blocks.t;
+    }
     sv = scales.Values();
     for (int64_t o = 0; o < out; ++o) {
       for (int64_t k = 0; k < in; ++k) {
@@ -128,7 +160,22 @@ void LinearWeightDtypeCase(Context& ctx, DType dtype, int64_t rows, int64_t in, 
     ASSERT_OK(PackForLinear(ctx.stream().device(), weight));
   }
   Buf& y = ctx.Output("y", DType::kF32, {rows, out}, 2, 1);
+#if MLAG_HAVE_CUDA
+  const size_t lt_before = ctx.is_cuda() ? cuda_blas::CublasLtFp8Matmuls(ctx.stream()) : 0;
+#endif
   ctx.RunOp({&y}, [&](Stream& s) { return Linear(s, x.t, weight, y.t); });
+#if MLAG_HAVE_CUDA
+  if (ctx.is_cuda() && cublaslt) {
+    int major = 0;
+    ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                                     ctx.stream().device().index()),
+              cudaSuccess);
+    if (major == 9) {
+      EXPECT_GT(cuda_blas::CublasLtFp8Matmuls(ctx.stream()), lt_before)
+          << "an sm_90 GPU took the tensor-core GEMM, not cuBLASLt's block scaling";
+    }
+  }
+#endif
   if (ctx.is_cuda() && dtype == DType::kF8E4M3) {
     const std::vector<double> xq = QuantizedRows(x.Values(), rows, in);
     const std::vector<double> got = ctx.DeviceValues(y);
@@ -136,14 +183,18 @@ void LinearWeightDtypeCase(Context& ctx, DType dtype, int64_t rows, int64_t in, 
     EXPECT_EQ(OutsideBound(got, RefFp8Linear(xq, wv, rows, in, out), &what), 0)
         << "outside the tensor-core bound:" << what;
     ctx.ExpectClose(y, RefLinear(x.Values(), wv, rows, in, out), Tolerance::F32(0.1));
-    if (positive && out >= 2) {
-      // Rows 0 and 1 exchange their block-0 scales in the reference.
+    // Two rows (with block scales: two 128-row blocks) exchange their
+    // block-0 scales in the reference.
+    const int64_t r1 = cublaslt ? kFp8BlockSize : 1;
+    if (positive && out >= r1 + 1) {
       std::vector<double> swapped = wv;
       const int64_t blocks = Fp8Blocks(in);
-      const double s0 = sv[0], s1 = sv[static_cast<size_t>(blocks)];
-      for (int64_t k = 0; k < std::min<int64_t>(in, kFp8BlockSize); ++k) {
-        swapped[static_cast<size_t>(k)] *= s1 / s0;
-        swapped[static_cast<size_t>(in + k)] *= s0 / s1;
+      const double s0 = sv[0], s1 = sv[static_cast<size_t>(r1 * blocks)];
+      for (int64_t r = 0; r < std::min(r1, out - r1); ++r) {
+        for (int64_t k = 0; k < std::min<int64_t>(in, kFp8BlockSize); ++k) {
+          swapped[static_cast<size_t>(r * in + k)] *= s1 / s0;
+          swapped[static_cast<size_t>((r1 + r) * in + k)] *= s0 / s1;
+        }
       }
       EXPECT_GT(OutsideBound(got, RefFp8Linear(xq, swapped, rows, in, out), nullptr), 0)
           << "a reference with two rows' block scales exchanged holds the output too: the "
@@ -225,6 +276,26 @@ void AddLinearCases(CaseList& cases) {
     cases.Add(
         "linear", absl::StrCat("fp8 weights ", rows, "x", in, " -> ", out, " split K"),
         [=](Context& ctx) { LinearWeightDtypeCase(ctx, DType::kF8E4M3, rows, in, out, false); });
+  }
+  // cuBLASLt's block-scaled FP8 on sm_90 (weights with block scales): odd
+  // rows (VEC128's padded scale rows), K block counts not a multiple of 4
+  // (BLK128x128's padding), partial 128-row weight blocks, and an
+  // exchanged-scale case.
+  cases.Add("linear",
+            "fp8 weights 5x304 -> 257 cuBLASLt positive, exchanged scales outside the bound",
+            [](Context& ctx) {
+              LinearWeightDtypeCase(ctx, DType::kF8E4M3, 5, 304, 257, false, true, true);
+            });
+  for (auto [rows, in, out] : {std::tuple<int64_t, int64_t, int64_t>{1, 512, 130},
+                               {3, 1040, 33},
+                               {13, 1536, 5},
+                               {33, 400, 257},
+                               {70, 2048, 70},
+                               {8, 16, 3}}) {
+    cases.Add("linear", absl::StrCat("fp8 weights ", rows, "x", in, " -> ", out, " cuBLASLt"),
+              [=](Context& ctx) {
+                LinearWeightDtypeCase(ctx, DType::kF8E4M3, rows, in, out, false, false, true);
+              });
   }
   // Rows: every row-tile height of the CUDA fp8 GEMM (8, 16, 32, 64).
   for (DType dtype : {DType::kBF16, DType::kF8E4M3}) {

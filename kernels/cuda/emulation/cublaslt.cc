@@ -1,9 +1,14 @@
 // The emulated cuBLASLt: descriptors as plain structs, one "algorithm",
 // matmuls enqueued on the emulated stream and computed with OpenBLAS's
-// sgemm (bf16 and f16 operands are widened to f32 first). Rules the real
-// library enforces and the emulation checks: consistent layouts, device
-// pointers on the stream's device, no heuristic query while the calling
-// thread captures.
+// sgemm (bf16 and f16 operands are widened to f32 first); FP8 (e4m3)
+// operands with their scale modes (SCALAR_32F, and Hopper's VEC128_32F and
+// BLK128x128_32F block scaling, laid out as <cublasLt.h> here documents)
+// are summed in double per 128-wide K block, scaled, and rounded once.
+// Rules the real library enforces and the emulation checks: consistent
+// layouts, device pointers on the stream's device, no heuristic query while
+// the calling thread captures, FP8 only in the TN form with 16-byte leading
+// dimensions, block scaling only on compute capability 9.x and never
+// BLK128x128 on both operands, every block-scaled operand given its scales.
 #include "kernels/cuda/emulation/include/cublasLt.h"
 
 #include <cblas.h>
@@ -26,6 +31,10 @@ struct cublasLtMatmulDescOpaque {
   cudaDataType_t scale = CUDA_R_32F;
   cublasOperation_t trans_a = CUBLAS_OP_N;
   cublasOperation_t trans_b = CUBLAS_OP_N;
+  const void* a_scale = nullptr;
+  const void* b_scale = nullptr;
+  int32_t a_scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+  int32_t b_scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
 };
 
 struct cublasLtMatrixLayoutOpaque {
@@ -49,6 +58,51 @@ constexpr uint64_t kAlgoMagic = 0x656d75616c676f;  // "emualgo"
 
 bool IsFloatType(cudaDataType_t t) {
   return t == CUDA_R_32F || t == CUDA_R_16BF || t == CUDA_R_16F;
+}
+
+bool IsBlockMode(int32_t mode) {
+  return mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F ||
+         mode == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+}
+
+uint64_t RoundUp4(uint64_t v) { return (v + 3) / 4 * 4; }
+
+// Elements of an operand's scale tensor: op(X) has `rows` rows (m for A, n
+// for B) and k columns (the layouts of <cublasLt.h>).
+size_t ScaleElements(int32_t mode, uint64_t rows, uint64_t k) {
+  const uint64_t kb = (k + 127) / 128;
+  switch (mode) {
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F:
+      return static_cast<size_t>(kb * RoundUp4(rows));
+    case CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F:
+      return static_cast<size_t>((rows + 127) / 128 * RoundUp4(kb));
+    default:
+      return 1;
+  }
+}
+
+// The scale of row r, K block kb of op(X) (1 for a scalar mode without a
+// pointer).
+double ScaleAt(int32_t mode, const float* scale, uint64_t rows, uint64_t k, uint64_t r,
+               uint64_t kb) {
+  switch (mode) {
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F:
+      return scale[kb * RoundUp4(rows) + r];
+    case CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F:
+      return scale[r / 128 * RoundUp4((k + 127) / 128) + kb];
+    default:
+      return scale == nullptr ? 1.0 : scale[0];
+  }
+}
+
+// The compute capability (major) of `device`, or -1.
+int ComputeMajor(int device) {
+  int major = -1;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return major;
 }
 
 size_t TypeBytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : t == CUDA_R_8F_E4M3 ? 1 : 2; }
@@ -168,6 +222,25 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
       (attr == CUBLASLT_MATMUL_DESC_TRANSA ? desc->trans_a : desc->trans_b) = op;
       return CUBLAS_STATUS_SUCCESS;
     }
+    case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER:
+    case CUBLASLT_MATMUL_DESC_B_SCALE_POINTER: {
+      if (size != sizeof(const void*)) return CUBLAS_STATUS_INVALID_VALUE;
+      const void* p;
+      std::memcpy(&p, buf, sizeof(p));
+      (attr == CUBLASLT_MATMUL_DESC_A_SCALE_POINTER ? desc->a_scale : desc->b_scale) = p;
+      return CUBLAS_STATUS_SUCCESS;
+    }
+    case CUBLASLT_MATMUL_DESC_A_SCALE_MODE:
+    case CUBLASLT_MATMUL_DESC_B_SCALE_MODE: {
+      if (size != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+      int32_t mode;
+      std::memcpy(&mode, buf, sizeof(mode));
+      if (mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F && !IsBlockMode(mode)) {
+        return CUBLAS_STATUS_NOT_SUPPORTED;  // the modes of other GPUs and dtypes
+      }
+      (attr == CUBLASLT_MATMUL_DESC_A_SCALE_MODE ? desc->a_scale_mode : desc->b_scale_mode) = mode;
+      return CUBLAS_STATUS_SUCCESS;
+    }
     default:
       return CUBLAS_STATUS_NOT_SUPPORTED;
   }
@@ -175,7 +248,8 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
 
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType_t type,
                                           uint64_t rows, uint64_t cols, int64_t ld) {
-  if (layout == nullptr || !IsFloatType(type) || ld < static_cast<int64_t>(rows) || ld < 1) {
+  if (layout == nullptr || !(IsFloatType(type) || type == CUDA_R_8F_E4M3) ||
+      ld < static_cast<int64_t>(rows) || ld < 1) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   auto* l = new cublasLtMatrixLayoutOpaque();
@@ -253,11 +327,13 @@ namespace {
 struct Problem {
   uint64_t m = 0, n = 0, k = 0;
   int32_t batch = 1;
+  bool fp8 = false;
 };
 
+// `device`: the GPU it runs on (the current one for a heuristic query).
 cublasStatus_t CheckProblem(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
                             cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
-                            cublasLtMatrixLayout_t d, Problem* p) {
+                            cublasLtMatrixLayout_t d, int device, Problem* p) {
   if (desc == nullptr || a == nullptr || b == nullptr || c == nullptr || d == nullptr) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
@@ -274,6 +350,28 @@ cublasStatus_t CheckProblem(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
   }
   if (c->type != CUDA_R_32F || d->type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
   p->batch = d->batch;
+  const bool fp8_a = a->type == CUDA_R_8F_E4M3, fp8_b = b->type == CUDA_R_8F_E4M3;
+  p->fp8 = fp8_a && fp8_b;
+  const bool block = IsBlockMode(desc->a_scale_mode) || IsBlockMode(desc->b_scale_mode);
+  if (fp8_a != fp8_b) return CUBLAS_STATUS_NOT_SUPPORTED;  // no mixed FP8 here
+  if (!p->fp8) {
+    // Scale modes and pointers are FP8 features.
+    if (block || desc->a_scale != nullptr || desc->b_scale != nullptr) {
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  // FP8 tensor-core GEMMs: the TN form only, 16-byte leading dimensions.
+  if (!ta || tb || a->ld % 16 != 0 || b->ld % 16 != 0) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (block) {
+    if (ComputeMajor(device) != 9) return CUBLAS_STATUS_NOT_SUPPORTED;  // Hopper's modes
+    if (desc->a_scale_mode == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F &&
+        desc->b_scale_mode == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F) {
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    // Batched block scaling is not emulated.
+    if (p->batch != 1) return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -290,8 +388,10 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   if (mlag::emu::CaptureForbidsUnsafeCalls()) return CUBLAS_STATUS_NOT_SUPPORTED;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return CUBLAS_STATUS_NOT_INITIALIZED;
   Problem p;
-  const cublasStatus_t bad = CheckProblem(desc, a, b, c, d, &p);
+  const cublasStatus_t bad = CheckProblem(desc, a, b, c, d, device, &p);
   if (bad != CUBLAS_STATUS_SUCCESS) return bad;
   std::memset(results, 0, sizeof(*results));
   results->algo.data[0] = kAlgoMagic;
@@ -316,11 +416,16 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   } else if (algo->data[0] != kAlgoMagic) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
-  Problem p;
-  const cublasStatus_t bad = CheckProblem(desc, a_desc, b_desc, c_desc, d_desc, &p);
-  if (bad != CUBLAS_STATUS_SUCCESS) return bad;
   const int device = mlag::emu::StreamDevice(stream);
   if (device < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  Problem p;
+  const cublasStatus_t bad = CheckProblem(desc, a_desc, b_desc, c_desc, d_desc, device, &p);
+  if (bad != CUBLAS_STATUS_SUCCESS) return bad;
+  const cublasLtMatmulDescOpaque dv = *desc;  // scale pointers as set now
+  if ((IsBlockMode(dv.a_scale_mode) && dv.a_scale == nullptr) ||
+      (IsBlockMode(dv.b_scale_mode) && dv.b_scale == nullptr)) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
   float alpha_v, beta_v;
   std::memcpy(&alpha_v, alpha, sizeof(float));
   std::memcpy(&beta_v, beta, sizeof(float));
@@ -339,9 +444,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
       size_t bytes;
       const char* name;
     } operands[] = {
-        {a, Span(la) * TypeBytes(la.type), "A"},     {b, Span(lb) * TypeBytes(lb.type), "B"},
-        {c, beta_v != 0.0f ? Span(lc) * 4 : 0, "C"}, {d, Span(ld) * 4, "D"},
+        {a, Span(la) * TypeBytes(la.type), "A"},
+        {b, Span(lb) * TypeBytes(lb.type), "B"},
+        {c, beta_v != 0.0f ? Span(lc) * 4 : 0, "C"},
+        {d, Span(ld) * 4, "D"},
         {workspace, workspace_bytes, "workspace"},
+        {dv.a_scale, dv.a_scale ? ScaleElements(dv.a_scale_mode, p.m, p.k) * 4 : 0, "A scales"},
+        {dv.b_scale, dv.b_scale ? ScaleElements(dv.b_scale_mode, p.n, p.k) * 4 : 0, "B scales"},
     };
     for (const Operand& o : operands) {
       if (o.bytes == 0) continue;
@@ -350,6 +459,33 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
         std::fprintf(stderr, "cuda emulation: cublasLtMatmul: %s: %s\n", o.name, why.c_str());
         return cudaErrorIllegalAddress;
       }
+    }
+    if (p.fp8) {
+      // TN: A stored k x m (column i of A is row i of op(A)), B k x n.
+      const auto* qa = static_cast<const uint8_t*>(a);
+      const auto* qb = static_cast<const uint8_t*>(b);
+      const auto* sa = static_cast<const float*>(dv.a_scale);
+      const auto* sb = static_cast<const float*>(dv.b_scale);
+      const float* in_c = static_cast<const float*>(c);
+      float* out = static_cast<float*>(d);
+      for (uint64_t j = 0; j < p.n; ++j) {
+        for (uint64_t i = 0; i < p.m; ++i) {
+          double acc = 0.0;
+          for (uint64_t k0 = 0; k0 < p.k; k0 += 128) {
+            double block = 0.0;
+            for (uint64_t kk = k0; kk < p.k && kk < k0 + 128; ++kk) {
+              block += static_cast<double>(mlag::F8E4M3ToF32(qa[i * la.ld + kk])) *
+                       static_cast<double>(mlag::F8E4M3ToF32(qb[j * lb.ld + kk]));
+            }
+            acc += block * ScaleAt(dv.a_scale_mode, sa, p.m, p.k, i, k0 / 128) *
+                   ScaleAt(dv.b_scale_mode, sb, p.n, p.k, j, k0 / 128);
+          }
+          double v = static_cast<double>(alpha_v) * acc;
+          if (beta_v != 0.0f) v += static_cast<double>(beta_v) * in_c[j * lc.ld + i];
+          out[j * ld.ld + i] = static_cast<float>(v);
+        }
+      }
+      return cudaSuccess;
     }
     std::vector<float> a32, b32;
     for (int32_t batch = 0; batch < p.batch; ++batch) {

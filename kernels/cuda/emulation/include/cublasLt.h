@@ -36,6 +36,25 @@ enum cublasLtMatmulDescAttributes_t : int {
   CUBLASLT_MATMUL_DESC_SCALE_TYPE = 1,
   CUBLASLT_MATMUL_DESC_TRANSA = 3,
   CUBLASLT_MATMUL_DESC_TRANSB = 4,
+  CUBLASLT_MATMUL_DESC_A_SCALE_POINTER = 17,  // const void*: a device pointer
+  CUBLASLT_MATMUL_DESC_B_SCALE_POINTER = 18,
+  CUBLASLT_MATMUL_DESC_A_SCALE_MODE = 31,  // int32_t: a cublasLtMatmulMatrixScale_t
+  CUBLASLT_MATMUL_DESC_B_SCALE_MODE = 32,
+};
+
+// How A's and B's scale pointers are read (FP8 operands only):
+//   SCALAR_32F: one f32 for the whole matrix (none set: 1).
+//   VEC128_32F: one f32 per 128 elements along K of each row of op(X):
+//     for op(X) with R rows (m for A, n for B), the factor of row r and K
+//     block kb at kb * roundup(R, 4) + r (row-major in the outer dimension).
+//   BLK128x128_32F: one f32 per 128 x 128 block: the factor of row block rb
+//     and K block kb at rb * roundup(ceil(k / 128), 4) + kb.
+// Both block modes take sm_90 (Hopper), the TN form (A transposed, B not),
+// and A and B not both BLK128x128; D = alpha * sum_kb sA sB (A_kb . B_kb).
+enum cublasLtMatmulMatrixScale_t : int {
+  CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F = 0,
+  CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F = 4,
+  CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F = 5,
 };
 enum cublasLtMatrixLayoutAttribute_t : int {
   CUBLASLT_MATRIX_LAYOUT_TYPE = 0,
