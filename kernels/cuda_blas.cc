@@ -550,21 +550,22 @@ absl::Status HeadMatmul(Stream& stream, const Tensor& x, const Tensor& weight, b
 }
 
 absl::StatusOr<double> MeasureMatmulFlops(Stream& stream, DType ab, int64_t n, int reps) {
-  if (ab != DType::kF32 && ab != DType::kBF16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("MeasureMatmulFlops: ", DTypeName(ab), " operands; expected f32 or bf16"));
+  if (ab != DType::kF32 && ab != DType::kBF16 && ab != DType::kF8E4M3) {
+    return absl::InvalidArgumentError(absl::StrCat("MeasureMatmulFlops: ", DTypeName(ab),
+                                                   " operands; expected f32, bf16 or e4m3"));
   }
   if (n < 1 || n > 65536 || reps < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("MeasureMatmulFlops: n ", n, ", reps ", reps, "; expected 1..65536, >= 1"));
   }
+  const bool fp8 = ab == DType::kF8E4M3;
   const size_t esize = DTypeSize(ab);
   const size_t elements = static_cast<size_t>(n * n);
   MLAG_ASSIGN_OR_RETURN(Buffer a, stream.device().Allocate(elements * esize));
   MLAG_ASSIGN_OR_RETURN(Buffer b, stream.device().Allocate(elements * esize));
   MLAG_ASSIGN_OR_RETURN(Buffer c, stream.device().Allocate(elements * sizeof(float)));
-  // Small finite operands (every byte 0x3c: about 0.0115 in either dtype),
-  // not zeros, which some GPUs multiply faster.
+  // Small finite operands (every byte 0x3c: about 0.0115 in either float
+  // dtype, 1.5 in e4m3), not zeros, which some GPUs multiply faster.
   MLAG_RETURN_IF_ERROR(stream.Memset(a.data(), 0x3c, a.bytes()));
   MLAG_RETURN_IF_ERROR(stream.Memset(b.data(), 0x3c, b.bytes()));
   GemmKey key;
@@ -572,12 +573,40 @@ absl::StatusOr<double> MeasureMatmulFlops(Stream& stream, DType ab, int64_t n, i
   key.m = key.n = key.k = n;
   key.lda = key.ldb = key.ldc = n;
   key.bf16_ab = ab == DType::kBF16;
+  key.fp8_block = fp8;
   key.align_a = Alignment(a.data(), n, 1, 0, esize);
   key.align_b = Alignment(b.data(), n, 1, 0, esize);
   key.align_c = Alignment(c.data(), n, 1, 0);
   const std::string shape = absl::StrCat(n, "^3 ", DTypeName(ab));
-  MLAG_RETURN_IF_ERROR(
-      RunGemm(stream, "matmul_probe", shape, key, a.data(), b.data(), c.data(), {}));
+  MLAG_ASSIGN_OR_RETURN(std::shared_ptr<Context> ctx, GetContext(stream, "matmul_probe"));
+  // FP8: LinearFp8's block-scaled form, with scales (A BLK128x128, B
+  // VEC128) in the layouts cuBLASLt reads, filled like the operands.
+  Buffer a_scales, b_scales;
+  const GemmPlan* plan = nullptr;
+  if (fp8) {
+    const int64_t blocks = (n + 127) / 128;
+    MLAG_ASSIGN_OR_RETURN(
+        a_scales, stream.device().Allocate(static_cast<size_t>(blocks * ((blocks + 3) / 4 * 4)) *
+                                           sizeof(float)));
+    MLAG_ASSIGN_OR_RETURN(
+        b_scales,
+        stream.device().Allocate(static_cast<size_t>(blocks * ((n + 3) / 4 * 4)) * sizeof(float)));
+    MLAG_RETURN_IF_ERROR(stream.Memset(a_scales.data(), 0x3c, a_scales.bytes()));
+    MLAG_RETURN_IF_ERROR(stream.Memset(b_scales.data(), 0x3c, b_scales.bytes()));
+    MLAG_ASSIGN_OR_RETURN(plan, ctx->TryPlan(key, false, "matmul_probe", shape));
+    if (plan == nullptr) {
+      return absl::UnimplementedError(
+          absl::StrCat("MeasureMatmulFlops: cuBLASLt has no block-scaled FP8 matmul on ",
+                       stream.device().name()));
+    }
+  } else {
+    MLAG_ASSIGN_OR_RETURN(plan, ctx->Plan(key, false, "matmul_probe", shape));
+  }
+  auto run = [&] {
+    return LaunchPlan(stream, *ctx, plan, "matmul_probe", shape, a.data(), b.data(), c.data(), {},
+                      fp8 ? a_scales.data() : nullptr, fp8 ? b_scales.data() : nullptr);
+  };
+  MLAG_RETURN_IF_ERROR(run());
   cudaEvent_t start = nullptr, end = nullptr;
   MLAG_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
   absl::Cleanup destroy_start = [&] { cudaEventDestroy(start); };
@@ -587,8 +616,7 @@ absl::StatusOr<double> MeasureMatmulFlops(Stream& stream, DType ab, int64_t n, i
   std::vector<double> seconds;
   for (int i = 0; i < reps; ++i) {
     MLAG_CUDA_RETURN_IF_ERROR(cudaEventRecord(start, cs));
-    MLAG_RETURN_IF_ERROR(
-        RunGemm(stream, "matmul_probe", shape, key, a.data(), b.data(), c.data(), {}));
+    MLAG_RETURN_IF_ERROR(run());
     MLAG_CUDA_RETURN_IF_ERROR(cudaEventRecord(end, cs));
     MLAG_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(end));
     float ms = 0;

@@ -74,11 +74,13 @@ absl::Status HeadMatmul(Stream& stream, const Tensor& x, const Tensor& weight, b
                         const Tensor& out);
 
 // The multiply-add rate of one square matmul (n x n x n, A and B in `ab`,
-// kF32 or kBF16, f32 output) through the cuBLASLt path Linear takes, in
-// FLOP/s: the median of `reps` event-timed launches after one untimed. The
-// ceiling `mlag bench --profile` holds each node of that dtype against: the
-// tensor cores' for bf16, the FMA units' for f32 (Linear's f32 matmuls use
-// no TF32). Eager only; allocates 2 n^2 elements of `ab` and n^2 f32.
+// kF32, kBF16 or kF8E4M3, f32 output) through the cuBLASLt path Linear
+// takes, in FLOP/s: the median of `reps` event-timed launches after one
+// untimed. The ceiling `mlag bench --profile` holds each node of that dtype
+// against: the tensor cores' for bf16 and e4m3 (LinearFp8's block-scaled
+// form; Unimplemented where cuBLASLt has none, sm_90 only), the FMA units'
+// for f32 (Linear's f32 matmuls use no TF32). Eager only; allocates 2 n^2
+// elements of `ab`, n^2 f32 and, for e4m3, the scales.
 absl::StatusOr<double> MeasureMatmulFlops(Stream& stream, DType ab, int64_t n, int reps);
 
 // A device buffer of at least `bytes` that persists with the stream's

@@ -52,14 +52,7 @@ absl::Status ValidateRoutingParams(const RoutingParams& p) {
 #if MLAG_HAVE_CUDA
 constexpr int64_t kCudaIntMax = std::numeric_limits<int>::max();
 
-absl::Status MoeRouteCuda(Stream& stream, const RoutingParams& params, const Tensor& logits,
-                          const Tensor& correction_bias, const Tensor& topk_ids,
-                          const Tensor& topk_weights) {
-  if (params.num_experts > cuda::kMoeRouteMaxExperts) {
-    return absl::UnimplementedError(absl::StrCat("moe_route: the CUDA router handles at most ",
-                                                 cuda::kMoeRouteMaxExperts, " experts, got ",
-                                                 params.num_experts));
-  }
+cuda::MoeRouteParams CudaRouteParams(const RoutingParams& params) {
   cuda::MoeRouteParams p;
   p.num_experts = params.num_experts;
   p.top_k = params.top_k;
@@ -79,6 +72,18 @@ absl::Status MoeRouteCuda(Stream& stream, const RoutingParams& params, const Ten
   }
   p.norm_topk_prob = params.norm_topk_prob;
   p.routed_scaling_factor = params.routed_scaling_factor;
+  return p;
+}
+
+absl::Status MoeRouteCuda(Stream& stream, const RoutingParams& params, const Tensor& logits,
+                          const Tensor& correction_bias, const Tensor& topk_ids,
+                          const Tensor& topk_weights) {
+  if (params.num_experts > cuda::kMoeRouteMaxExperts) {
+    return absl::UnimplementedError(absl::StrCat("moe_route: the CUDA router handles at most ",
+                                                 cuda::kMoeRouteMaxExperts, " experts, got ",
+                                                 params.num_experts));
+  }
+  const cuda::MoeRouteParams p = CudaRouteParams(params);
   const float* bias =
       params.method == TopkMethod::kNoauxTc ? correction_bias.data_as<const float>() : nullptr;
   return stream.LaunchCuda(
@@ -195,9 +200,12 @@ size_t MoeExpertsWorkspaceBytes(int64_t T, int64_t K, int64_t D, int64_t I, int6
 #endif
 }
 
-absl::Status MoeRoute(Stream& stream, const RoutingParams& params, const Tensor& logits,
-                      const Tensor& correction_bias, const Tensor& topk_ids,
-                      const Tensor& topk_weights) {
+namespace {
+
+// MoeRoute's argument checks (MoeGateRoute's fused path makes them too).
+absl::Status CheckRouteArgs(Stream& stream, const RoutingParams& params, const Tensor& logits,
+                            const Tensor& correction_bias, const Tensor& topk_ids,
+                            const Tensor& topk_weights) {
   MLAG_RETURN_IF_ERROR(ValidateRoutingParams(params));
   const int64_t E = params.num_experts;
   const int64_t K = params.top_k;
@@ -220,6 +228,16 @@ absl::Status MoeRoute(Stream& stream, const RoutingParams& params, const Tensor&
     MLAG_RETURN_IF_ERROR(CheckShape(correction_bias, "correction_bias", {E}));
     MLAG_RETURN_IF_ERROR(CheckContiguous(correction_bias, "correction_bias"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status MoeRoute(Stream& stream, const RoutingParams& params, const Tensor& logits,
+                      const Tensor& correction_bias, const Tensor& topk_ids,
+                      const Tensor& topk_weights) {
+  MLAG_RETURN_IF_ERROR(
+      CheckRouteArgs(stream, params, logits, correction_bias, topk_ids, topk_weights));
   if (stream.is_cuda()) {
 #if MLAG_HAVE_CUDA
     return MoeRouteCuda(stream, params, logits, correction_bias, topk_ids, topk_weights);
@@ -230,6 +248,49 @@ absl::Status MoeRoute(Stream& stream, const RoutingParams& params, const Tensor&
         host::MoeRoute(params, logits, correction_bias, topk_ids, topk_weights);
         return absl::OkStatus();
       });
+}
+
+absl::Status MoeGateRoute(Stream& stream, const RoutingParams& params, const Tensor& x,
+                          const Tensor& w_gate, const Tensor& correction_bias, const Tensor& logits,
+                          const Tensor& counter, const Tensor& topk_ids,
+                          const Tensor& topk_weights) {
+  MLAG_RETURN_IF_ERROR(CheckOnStream(stream, x, "x"));
+  MLAG_RETURN_IF_ERROR(CheckOnStream(stream, w_gate, "w_gate"));
+  MLAG_RETURN_IF_ERROR(CheckDType(x, "x", {DType::kF32}));
+  MLAG_RETURN_IF_ERROR(CheckShape(x, "x", {logits.ndim() == 2 ? logits.size(0) : -1, -1}));
+  MLAG_RETURN_IF_ERROR(CheckRowMajor(x, "x"));
+  MLAG_RETURN_IF_ERROR(CheckDType(w_gate, "w_gate", {DType::kF32}));
+  MLAG_RETURN_IF_ERROR(CheckShape(w_gate, "w_gate", {params.num_experts, x.size(1)}));
+  MLAG_RETURN_IF_ERROR(CheckContiguous(w_gate, "w_gate"));
+#if MLAG_HAVE_CUDA
+  const int64_t T = x.size(0);
+  if (stream.is_cuda() && T <= cuda::kMoeGateRouteMaxTokens &&
+      cuda::MoeGateRouteFits(params.num_experts, params.n_group) && counter.data() != nullptr) {
+    // The routing arguments as MoeRoute checks them, then one launch.
+    MLAG_RETURN_IF_ERROR(CheckOnStream(stream, counter, "counter"));
+    MLAG_RETURN_IF_ERROR(CheckDType(counter, "counter", {DType::kI32}));
+    MLAG_RETURN_IF_ERROR(CheckShape(counter, "counter", {1}));
+    MLAG_RETURN_IF_ERROR(CheckShape(logits, "logits", {T, -1}));
+    MLAG_RETURN_IF_ERROR(
+        CheckRouteArgs(stream, params, logits, correction_bias, topk_ids, topk_weights));
+    const bool noaux = params.method == TopkMethod::kNoauxTc;
+    const cuda::MoeRouteParams p = CudaRouteParams(params);
+    return stream.LaunchCuda(
+        "moe_gate_route", OpKind::kKernel,
+        [&](void* s) {
+          return static_cast<int>(cuda::LaunchMoeGateRoute(
+              p, x.data_as<const float>(), x.stride(0), w_gate.data_as<const float>(), x.size(1),
+              noaux ? correction_bias.data_as<const float>() : nullptr, T, logits.data_as<float>(),
+              logits.stride(0), counter.data_as<int32_t>(), topk_ids.data_as<int32_t>(),
+              topk_weights.data_as<float>(), static_cast<cudaStream_t>(s)));
+        },
+        OpCost{static_cast<double>(w_gate.nbytes() + x.nbytes() + logits.nbytes() +
+                                   topk_ids.nbytes() + topk_weights.nbytes()),
+               2.0 * static_cast<double>(T) * x.size(1) * params.num_experts, DType::kF32});
+  }
+#endif
+  MLAG_RETURN_IF_ERROR(Linear(stream, x, w_gate, logits));
+  return MoeRoute(stream, params, logits, correction_bias, topk_ids, topk_weights);
 }
 
 absl::Status MoeExperts(Stream& stream, const Tensor& x, const Tensor& topk_ids,

@@ -49,6 +49,21 @@ absl::Status MoeRoute(Stream& stream, const RoutingParams& params, const Tensor&
                       const Tensor& correction_bias, const Tensor& topk_ids,
                       const Tensor& topk_weights);
 
+// The router whole: logits = x w_gate^T (x f32 [T, D] row-major, w_gate f32
+// [E, D] contiguous, logits f32 [T, E] row-major), then MoeRoute. On the
+// host, and on CUDA beyond decode-sized batches, Linear then MoeRoute. On
+// CUDA for T <= 32 (and E within the kernel's shared memory) one launch,
+// "moe_gate_route" (kernels/cuda/moe.cuh: LaunchMoeGateRoute): the gate's
+// f32 dot products in a fixed order per token, then the same router; its
+// logits differ from cuBLASLt's in the last bits (another summation order),
+// so ids agree with the two-launch path except where scores are within
+// rounding of each other. `counter`: i32 [1] of device memory holding 0,
+// which the fused launch uses and leaves 0 (an unset Tensor: two launches).
+absl::Status MoeGateRoute(Stream& stream, const RoutingParams& params, const Tensor& x,
+                          const Tensor& w_gate, const Tensor& correction_bias, const Tensor& logits,
+                          const Tensor& counter, const Tensor& topk_ids,
+                          const Tensor& topk_weights);
+
 // out[t] = sum over k with expert_map[topk_ids[t,k]] >= 0 of
 //          topk_weights[t,k] * f_e(x[t]),  f_e(x) = W_down (silu(W_gate x) * (W_up x))
 // over the experts this rank holds. Work is grouped per expert (one GEMM per

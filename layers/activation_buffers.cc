@@ -23,7 +23,6 @@ absl::Status ForEachBuffer(const ModelConfig& c, int64_t T, int64_t B, int64_t N
   MLAG_RETURN_IF_ERROR(alloc(DType::kF32, {T, std::max(c.q_lora_rank, 1)}, &a->q_a));
   MLAG_RETURN_IF_ERROR(alloc(DType::kF32, {T, H * c.qk_head_dim()}, &a->q));
   MLAG_RETURN_IF_ERROR(alloc(DType::kF32, {T, c.kv_cache_row()}, &a->kv_a));
-  MLAG_RETURN_IF_ERROR(alloc(DType::kF32, {T, R}, &a->kv_c));
   MLAG_RETURN_IF_ERROR(alloc(DType::kF32, {T, H, R}, &a->q_latent));
   MLAG_RETURN_IF_ERROR(alloc(DType::kF32, {T, H, R}, &a->out_latent));
   MLAG_RETURN_IF_ERROR(alloc(DType::kF32, {T, H}, &a->lse));

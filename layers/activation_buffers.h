@@ -18,7 +18,6 @@ struct ActivationBuffers {
   Tensor q_a;            // [T, Rq] (q LoRA only)
   Tensor q;              // [T, H * dq]
   Tensor kv_a;           // [T, Rkv + dr] latent then k_pe
-  Tensor kv_c;           // [T, Rkv] normed latent
   Tensor q_latent;       // [T, H, Rkv]
   Tensor out_latent;     // [T, H, Rkv]
   Tensor lse;            // [T, H]

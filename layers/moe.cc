@@ -33,6 +33,10 @@ absl::Status Moe::Load(WeightArena& arena, WeightSource& source) {
   const int64_t D = c.hidden_size, E = c.n_routed_experts, I = c.moe_intermediate_size;
   const int64_t L = static_cast<int64_t>(local_experts_.size());
   MLAG_ASSIGN_OR_RETURN(w_gate_, arena.Load(source, p + "gate.weight", {E, D}));
+  // Zeroed, as the fused router's counter must start (it leaves it 0).
+  if (arena.device().is_cuda()) {
+    MLAG_ASSIGN_OR_RETURN(route_counter_, arena.Allocate({1}, DType::kI32));
+  }
   if (c.topk_method == TopkMethod::kNoauxTc) {
     MLAG_ASSIGN_OR_RETURN(correction_bias_,
                           arena.Load(source, p + "gate.e_score_correction_bias", {E}));
@@ -182,13 +186,10 @@ absl::Status Moe::Forward(Stream& stream, const ActivationBuffers& acts, const T
   const Tensor ids = Rows(acts.topk_ids, T);
   const Tensor weights = Rows(acts.topk_weights, T);
   {
-    NodeScope s(stream, Node("gate"), OpKind::kGemm);
-    MLAG_RETURN_IF_ERROR(Linear(stream, x, w_gate_, logits));
-  }
-  {
-    NodeScope s(stream, Node("route"), OpKind::kKernel);
-    MLAG_RETURN_IF_ERROR(
-        MoeRoute(stream, config_.routing(), logits, correction_bias_, ids, weights));
+    // One launch for decode batches on CUDA (kernels/moe.h).
+    NodeScope s(stream, Node("router"), OpKind::kKernel);
+    MLAG_RETURN_IF_ERROR(MoeGateRoute(stream, config_.routing(), x, w_gate_, correction_bias_,
+                                      logits, route_counter_, ids, weights));
   }
   if (routing_record != nullptr) {
     if (stream.capturing()) {

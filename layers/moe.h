@@ -75,6 +75,7 @@ class Moe {
   std::vector<int> local_experts_;
   Tensor w_gate_;           // [E, D]
   Tensor correction_bias_;  // [E] (noaux_tc) or empty
+  Tensor route_counter_;    // i32 [1], 0 between launches (CUDA: MoeGateRoute)
   // Installs `experts` as the local set: expert_map_ follows.
   absl::Status SetLocalExperts(std::vector<int> experts);
   // The routed experts' weights in one buffer, owned here: migration

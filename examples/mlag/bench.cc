@@ -483,8 +483,8 @@ absl::Status Bench(BenchFlags f) {
     MLAG_ASSIGN_OR_RETURN(gemm_before, measure_gemm());
     peak_gflops = MeasurePeakGflops();
   }
-  // The matmul ceilings (CUDA, --profile): bf16 on the tensor cores and f32
-  // on the FMA units, through cuBLASLt, after the decode timings. 8192^3
+  // The matmul ceilings (CUDA, --profile): bf16 (and e4m3 on sm_90) on the
+  // tensor cores and f32 on the FMA units, through cuBLASLt, after the decode timings. 8192^3
   // keeps an H200 busy for milliseconds at its peak; the emulation computes
   // on the CPU, where a small matrix already shows its rate.
   std::map<DType, double> matmul_peak;
@@ -494,6 +494,15 @@ absl::Status Bench(BenchFlags f) {
     for (DType ab : {DType::kBF16, DType::kF32}) {
       MLAG_ASSIGN_OR_RETURN(matmul_peak[ab],
                             cuda_blas::MeasureMatmulFlops(runner->stream(), ab, n, /*reps=*/5));
+    }
+    // e4m3 (cuBLASLt's block scaling) where the GPU has it: fp8 nodes then
+    // read against the FP8 tensor cores' rate.
+    absl::StatusOr<double> fp8 =
+        cuda_blas::MeasureMatmulFlops(runner->stream(), DType::kF8E4M3, n, /*reps=*/5);
+    if (fp8.ok()) {
+      matmul_peak[DType::kF8E4M3] = *fp8;
+    } else if (!absl::IsUnimplemented(fp8.status())) {
+      return fp8.status();
     }
   }
 #endif

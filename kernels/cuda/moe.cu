@@ -23,6 +23,8 @@ constexpr unsigned kFullMask = 0xffffffffu;
 // Shared memory a router block may use; warps per block follow from E.
 constexpr int kRouteSmemBytes = 48 * 1024;
 constexpr int kRouteMaxWarps = 8;
+// Without an opt-in: the fused gate's route smem for 4 warps of E = 1536.
+constexpr size_t kGateRouteMaxSmemBytes = 48 * 1024;
 
 // Per-warp scratch: scores s [E], selection scores [E], group scores [G].
 size_t RouteWarpBytes(int E, int G) { return (2 * static_cast<size_t>(E) + G) * sizeof(float); }
@@ -46,21 +48,17 @@ __device__ __forceinline__ float WarpSum(float v) {
 
 // One warp per token. Block: RouteWarpsPerBlock warps; dynamic shared memory:
 // that many RouteWarpBytes slices.
-__global__ void __launch_bounds__(kRouteMaxWarps* kWarpSize)
-    MoeRouteKernel(MoeRouteParams p, const float* __restrict__ logits, int64_t ld,
-                   const float* __restrict__ bias, int64_t num_tokens, int32_t* __restrict__ ids,
-                   float* __restrict__ weights) {
-  MLAG_DYNAMIC_SMEM(float, route_smem);
-  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+// Routes token t (logits `l`, E floats) with the calling warp; `s` is the
+// warp's RouteWarpBytes of shared memory. Writes ids[t * K ..] and
+// weights[t * K ..].
+__device__ void RouteToken(const MoeRouteParams& p, const float* l, const float* __restrict__ bias,
+                           float* s, int64_t t, int32_t* __restrict__ ids,
+                           float* __restrict__ weights) {
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + warp;
-  if (t >= num_tokens) return;  // the whole warp leaves; no block barrier follows
   const int E = p.num_experts;
   const int K = p.top_k;
-  float* s = route_smem + static_cast<size_t>(warp) * (2 * static_cast<size_t>(E) + p.n_group);
   float* sel = s + E;
   float* group_score = sel + E;
-  const float* l = logits + t * ld;
 
   if (p.sigmoid) {
     for (int e = lane; e < E; e += kWarpSize) s[e] = RoutingSigmoid(l[e]);
@@ -163,6 +161,106 @@ __global__ void __launch_bounds__(kRouteMaxWarps* kWarpSize)
   }
   if (!p.norm_topk_prob || sigmoid) {
     for (int k = 0; k < K; ++k) tok_w[k] *= p.routed_scaling_factor;
+  }
+}
+
+__global__ void __launch_bounds__(kRouteMaxWarps* kWarpSize)
+    MoeRouteKernel(MoeRouteParams p, const float* __restrict__ logits, int64_t ld,
+                   const float* __restrict__ bias, int64_t num_tokens, int32_t* __restrict__ ids,
+                   float* __restrict__ weights) {
+  MLAG_DYNAMIC_SMEM(float, route_smem);
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + warp;
+  if (t >= num_tokens) return;  // the whole warp leaves; no block barrier follows
+  float* s =
+      route_smem + static_cast<size_t>(warp) * (2 * static_cast<size_t>(p.num_experts) + p.n_group);
+  RouteToken(p, logits + t * ld, bias, s, t, ids, weights);
+}
+
+// ---- Router: the gate and the routing in one launch ----------------------------------
+
+// Warps per CTA of the fused gate (one CTA per expert, each warp a quarter
+// of the row).
+constexpr int kGateWarps = 4;
+// Tokens whose dot products one pass over a weight row accumulates.
+constexpr int kGateTokenGroup = 8;
+
+// Phase 1, CTA e: logits[t][e] = sum_d x[t][d] w[e][d] for every token. Warp
+// q takes the q-th quarter of the row (128-column aligned), each lane sums
+// its d = 4 * lane + 128 * i in order, a butterfly adds the lanes, and warp
+// 0 adds the quarters in order: the same order for any T (a token's logits
+// do not depend on the batch). Phase 2, the last CTA to finish (a counter,
+// reset by that CTA for the next launch): one warp per token routes from the
+// logits the other CTAs wrote, read with volatile loads (past the L1) into
+// shared memory. Dynamic shared memory: kGateWarps RouteWarpBytes slices
+// plus kGateWarps * E floats of logits.
+__global__ void __launch_bounds__(kGateWarps* kWarpSize)
+    MoeGateRouteKernel(MoeRouteParams p, const float* __restrict__ x, int64_t x_ld,
+                       const float* __restrict__ w, int64_t D, const float* __restrict__ bias,
+                       int64_t num_tokens, float* logits, int64_t ld, int32_t* counter,
+                       int32_t* __restrict__ ids, float* __restrict__ weights) {
+  MLAG_DYNAMIC_SMEM(float, gate_smem);
+  __shared__ float quarter[kGateWarps][kMoeGateRouteMaxTokens];
+  __shared__ int last;
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int E = p.num_experts;
+  const int64_t e = blockIdx.x;
+  const int64_t span = (D + 4 * 128 - 1) / (4 * 128) * 128;  // columns a quarter, 128-aligned
+  const int64_t d0 = warp * span, d1 = D < d0 + span ? D : d0 + span;
+  const float* we = w + e * D;
+  for (int64_t t0 = 0; t0 < num_tokens; t0 += kGateTokenGroup) {
+    const int n =
+        static_cast<int>(num_tokens - t0 < kGateTokenGroup ? num_tokens - t0 : kGateTokenGroup);
+    float acc[kGateTokenGroup];
+#pragma unroll
+    for (int j = 0; j < kGateTokenGroup; ++j) acc[j] = 0.0f;
+#pragma unroll 4
+    for (int64_t d = d0 + 4 * lane; d < d1; d += 4 * kWarpSize) {
+      const int m = d1 - d < 4 ? static_cast<int>(d1 - d) : 4;
+      float wv[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) wv[i] = i < m ? we[d + i] : 0.0f;
+#pragma unroll
+      for (int j = 0; j < kGateTokenGroup; ++j) {
+        if (j >= n) break;
+        const float* xr = x + (t0 + j) * x_ld + d;
+        for (int i = 0; i < m; ++i) acc[j] = fmaf(xr[i], wv[i], acc[j]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kGateTokenGroup; ++j) {
+      if (j >= n) break;
+      const float v = WarpSum(acc[j]);
+      if (lane == 0) quarter[warp][t0 + j] = v;
+    }
+  }
+  __syncthreads();
+  if (warp == 0) {
+    for (int64_t t = lane; t < num_tokens; t += kWarpSize) {
+      float v = quarter[0][t];
+      for (int q = 1; q < kGateWarps; ++q) v += quarter[q][t];
+      logits[t * ld + e] = v;
+    }
+  }
+  // Publish this CTA's logits, then count it in.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == static_cast<int>(gridDim.x) - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x == 0) *counter = 0;  // every CTA has counted: ready for the next launch
+  float* s = gate_smem + static_cast<size_t>(warp) * (2 * static_cast<size_t>(E) + p.n_group);
+  float* l = gate_smem +
+             static_cast<size_t>(kGateWarps) * (2 * static_cast<size_t>(E) + p.n_group) +
+             static_cast<size_t>(warp) * E;
+  for (int64_t t = warp; t < num_tokens; t += kGateWarps) {
+    const volatile float* row = logits + t * ld;
+    for (int i = lane; i < E; i += kWarpSize) l[i] = row[i];
+    __syncwarp();
+    RouteToken(p, l, bias, s, t, ids, weights);
+    __syncwarp();
   }
 }
 
@@ -645,6 +743,33 @@ cudaError_t LaunchMoeRoute(const MoeRouteParams& params, const float* logits, in
   const size_t smem = static_cast<size_t>(warps) * RouteWarpBytes(E, G);
   MLAG_LAUNCH(MoeRouteKernel, static_cast<unsigned>(blocks), warps * kWarpSize, smem, stream)
   (params, logits, logits_ld, correction_bias, num_tokens, topk_ids, topk_weights);
+  return cudaGetLastError();
+}
+
+bool MoeGateRouteFits(int E, int G) {
+  return E > 0 && G > 0 && E <= kMoeRouteMaxExperts &&
+         kGateWarps * (RouteWarpBytes(E, G) + static_cast<size_t>(E) * sizeof(float)) <=
+             kGateRouteMaxSmemBytes;
+}
+
+cudaError_t LaunchMoeGateRoute(const MoeRouteParams& params, const float* x, int64_t x_ld,
+                               const float* w_gate, int64_t D, const float* correction_bias,
+                               int64_t num_tokens, float* logits, int64_t logits_ld,
+                               int32_t* counter, int32_t* topk_ids, float* topk_weights,
+                               cudaStream_t stream) {
+  if (num_tokens <= 0) return cudaSuccess;
+  const int E = params.num_experts;
+  const int G = params.n_group;
+  if (E <= 0 || E > kMoeRouteMaxExperts || G <= 0 || G > E || E % G != 0 || params.topk_group < 1 ||
+      params.topk_group > G || params.top_k <= 0 || params.top_k > E ||
+      num_tokens > kMoeGateRouteMaxTokens || D < 0 || counter == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  const size_t smem = kGateWarps * (RouteWarpBytes(E, G) + static_cast<size_t>(E) * sizeof(float));
+  if (smem > kGateRouteMaxSmemBytes) return cudaErrorInvalidValue;
+  MLAG_LAUNCH(MoeGateRouteKernel, static_cast<unsigned>(E), kGateWarps * kWarpSize, smem, stream)
+  (params, x, x_ld, w_gate, D, correction_bias, num_tokens, logits, logits_ld, counter, topk_ids,
+   topk_weights);
   return cudaGetLastError();
 }
 

@@ -47,6 +47,31 @@ cudaError_t LaunchMoeRoute(const MoeRouteParams& params, const float* logits, in
                            const float* correction_bias, int64_t num_tokens, int32_t* topk_ids,
                            float* topk_weights, cudaStream_t stream);
 
+// The gate and the routing in one launch, for decode-sized batches: logits
+// [T, E] (row stride logits_ld) = x [T, D] (row stride x_ld) w_gate^T
+// (w_gate f32 [E, D] contiguous), one CTA of 4 warps per expert, each warp
+// a quarter of the row in a fixed summation order (a token's logits are the
+// same in any batch); then the last CTA to finish routes every token as
+// LaunchMoeRoute does. `counter`: one i32 of device
+// memory, 0 before the launch and left 0 after (launches using one counter
+// must be stream-ordered). Design: at batch 1 the gate is a 4 x D x E byte
+// read (V3: 7.3 MB, 256 CTAs of 28 KB, about 2 a SM; each warp keeps 4 loads
+// of 512 B in flight, 16 KB a SM: ~3 us at ~0.8 us latency on an H200;
+// v2-lite: 512 KB, 64 CTAs, latency-bound at ~1-2 us), where cuBLASLt's
+// GEMM plus the router are two nodes and a launch gap. num_tokens <= kMoeGateRouteMaxTokens (the
+// last CTA routes them all: 4 warps, at most 8 tokens each); E as
+// LaunchMoeRoute, with 4 warps' route and logit rows fitting 48 KB of shared
+// memory (E <= about 1500).
+inline constexpr int64_t kMoeGateRouteMaxTokens = 32;
+cudaError_t LaunchMoeGateRoute(const MoeRouteParams& params, const float* x, int64_t x_ld,
+                               const float* w_gate, int64_t D, const float* correction_bias,
+                               int64_t num_tokens, float* logits, int64_t logits_ld,
+                               int32_t* counter, int32_t* topk_ids, float* topk_weights,
+                               cudaStream_t stream);
+
+// Whether LaunchMoeGateRoute takes E experts in G groups (shared memory).
+bool MoeGateRouteFits(int E, int G);
+
 // ---- Routed experts ----------------------------------------------------------
 
 // Local experts (L) the CUDA planner handles: its per-slot counters live in

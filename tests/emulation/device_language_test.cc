@@ -3,7 +3,8 @@
 // kernel reaches it through MmaBf16, and ldmatrix (plain and .trans) follow
 // the PTX ISA's fragment layouts;
 // threads waiting at barriers no other live thread reaches are reported as a
-// deadlock instead of hanging.
+// deadlock instead of hanging; a grid's last CTA, found with __threadfence
+// and an atomic counter, sees every other CTA's writes.
 //
 // Built only with -Demulate_cuda=true; the kernels below compile against the
 // emulation's device language like kernels/cuda/*.cu and run asynchronously
@@ -109,6 +110,41 @@ TEST(CudaEmulationTest, LdMatrixFollowsThePtxLayout) {
           << "lane " << lane << " matrix " << m << " (.trans)";
     }
   }
+}
+
+// Each CTA writes its slot, fences, and counts itself in; the CTA that
+// counts last sums every slot (read volatile, as on a GPU) and resets the
+// counter, as MoeGateRouteKernel does.
+__global__ void LastCtaKernel(int* slots, int* counter, int* sum) {
+  __shared__ int last;
+  if (threadIdx.x == 0) slots[blockIdx.x] = static_cast<int>(blockIdx.x) + 1;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == static_cast<int>(gridDim.x) - 1;
+  __syncthreads();
+  if (!last || threadIdx.x != 0) return;
+  __threadfence();
+  const volatile int* v = slots;
+  int total = 0;
+  for (unsigned b = 0; b < gridDim.x; ++b) total += v[b];
+  *sum = total;
+  *counter = 0;
+}
+
+TEST(CudaEmulationTest, LastCtaSeesEveryCtasWrites) {
+  constexpr int kCtas = 37;
+  void* p = nullptr;
+  CUDA_OK(cudaMalloc(&p, (kCtas + 2) * sizeof(int)));
+  int* d = static_cast<int*>(p);
+  CUDA_OK(cudaMemset(d, 0, (kCtas + 2) * sizeof(int)));
+  for (int launch = 0; launch < 2; ++launch) {  // the counter was reset
+    MLAG_LAUNCH(LastCtaKernel, kCtas, 64, 0, nullptr)(d, d + kCtas, d + kCtas + 1);
+    std::vector<int> got(2);
+    CUDA_OK(cudaMemcpy(got.data(), d + kCtas, 2 * sizeof(int), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(got[0], 0) << "counter left set, launch " << launch;
+    EXPECT_EQ(got[1], kCtas * (kCtas + 1) / 2) << "launch " << launch;
+  }
+  CUDA_OK(cudaFree(d));
 }
 
 // Half a warp in a shuffle, the other half at __syncthreads: neither barrier

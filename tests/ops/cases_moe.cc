@@ -395,6 +395,64 @@ void RandomRouteCase(Context& ctx, const RoutingParams& p, int64_t T, bool ties)
   RunRoute(ctx, p, logits, bias, pass_bias, RefRouteAll(p, logits.Values(), T, b));
 }
 
+// ---- Router whole: gate and routing (MoeGateRoute) -----------------------------------------
+
+// x [T, D] (rows of D + 2) and w_gate [E, D] drawn from levels whose
+// products are multiples of 2^-6 and whose sums stay below 2^17: every
+// logit is exact in f32 in any summation order, so the CUDA kernel's order
+// cannot move a decision and the reference's well-posedness (and its exact
+// ties, from the few levels) carries over. Token rows are drawn again until
+// the reference's decisions are well posed. Checks the logits exactly, the
+// ids exactly and the weights as moe_route does; on CUDA the fused launch's
+// counter must be back at 0 after the eager run and two graph replays
+// (RunOp), and T = 40 takes the two-launch path.
+void GateRouteCase(Context& ctx, const RoutingParams& p, int64_t T, int64_t D) {
+  const int64_t E = p.num_experts, K = p.top_k;
+  Buf& bias = ctx.Make("correction_bias", kF32, {E});
+  ctx.Randomize(bias, -0.5, 0.5);
+  const std::vector<double> b = bias.Values();
+  Buf& w = ctx.Make("w_gate", kF32, {E, D});
+  Buf& x = ctx.Make("x", kF32, {T, D}, 2, 0, 1);
+  std::mt19937 rng(ctx.NextSeed());
+  std::uniform_int_distribution<int> wl(-4, 4), xl(-8, 8);
+  for (int64_t i = 0; i < E * D; ++i) w.HostData<float>()[i] = static_cast<float>(wl(rng)) / 8.0f;
+  ctx.Upload(w);
+  const std::vector<double> wv = w.Values();
+  std::vector<double> logits(Index(T * E));
+  for (int64_t t = 0; t < T; ++t) {
+    float* row = x.HostData<float>() + t * x.strides[0];
+    for (int attempt = 0;; ++attempt) {
+      ASSERT_LT(attempt, 200) << "no well-posed row drawn for token " << t;
+      for (int64_t d = 0; d < D; ++d) row[d] = static_cast<float>(xl(rng)) / 8.0f;
+      for (int64_t e = 0; e < E; ++e) {
+        double acc = 0.0;
+        for (int64_t d = 0; d < D; ++d) acc += double{row[d]} * wv[Index(e * D + d)];
+        logits[Index(t * E + e)] = acc;
+      }
+      if (RefRouteToken(p, logits.data() + t * E, b.data()).well_posed) break;
+    }
+  }
+  ctx.Upload(x);
+  Buf& out_logits = ctx.Output("router_logits", kF32, {T, E}, 0, 1);
+  Buf& ids = ctx.Output("topk_ids", kI32, {T, K});
+  Buf& weights = ctx.Output("topk_weights", kF32, {T, K});
+  Buf& counter = ctx.Make("counter", kI32, {1});
+  counter.HostData<int32_t>()[0] = 0;
+  ctx.Upload(counter);
+  const bool noaux = p.method == TopkMethod::kNoauxTc;
+  ctx.RunOp({&out_logits, &ids, &weights}, [&](Stream& s) {
+    return MoeGateRoute(s, p, x.t, w.t, noaux ? bias.t : Tensor(), out_logits.t,
+                        ctx.is_cuda() ? counter.t : Tensor(), ids.t, weights.t);
+  });
+  ctx.ExpectClose(out_logits, logits, Tolerance::F32(0.0));
+  const RouteWant want = RefRouteAll(p, logits, T, b);
+  ctx.ExpectInts(ids, want.ids);
+  ctx.ExpectClose(weights, want.weights, Tolerance::F32(2e-6));
+  if (ctx.is_cuda()) {
+    EXPECT_EQ(ctx.DeviceValues(counter), std::vector<double>{0.0}) << "counter left set";
+  }
+}
+
 // ---- Experts -----------------------------------------------------------------------------
 
 enum class MapKind {
@@ -1060,6 +1118,14 @@ void AddMoeCases(CaseList& cases) {
               [p, T](Context& ctx) { RandomRouteCase(ctx, p, T, false); });
     cases.Add("moe_route", absl::StrCat(MethodName(p), " ties T 33"),
               [p](Context& ctx) { RandomRouteCase(ctx, p, 33, true); });
+  }
+  i = 0;
+  for (const RoutingParams& p : RouteConfigs()) {
+    // Decode batches (one launch on CUDA) and one beyond them; odd D.
+    const int64_t T = std::vector<int64_t>{1, 3, 17, 32, 40}[Index(i % 5)];
+    const int64_t D = std::vector<int64_t>{37, 64, 129}[Index(i++ % 3)];
+    cases.Add("moe_gate_route", absl::StrCat(MethodName(p), " T ", T, " D ", D),
+              [p, T, D](Context& ctx) { GateRouteCase(ctx, p, T, D); });
   }
 
   using M = MapKind;

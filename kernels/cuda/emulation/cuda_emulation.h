@@ -126,6 +126,10 @@ inline float __double2float_rn(double a) { return static_cast<float>(a); }
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
 inline int __ffs(int v) { return __builtin_ffs(v); }
 
+// Fibers run one at a time, so every write is visible to every later read:
+// a fence has nothing to order.
+inline void __threadfence() {}
+
 // Fibers run one at a time, so read-modify-write is atomic by construction.
 template <typename T, typename U>
 T atomicAdd(T* p, U v) {
