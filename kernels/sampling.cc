@@ -119,4 +119,55 @@ absl::Status TopLogprobs(Stream& stream, const Tensor& logits, const Tensor& k,
   });
 }
 
+absl::Status FeedSampledTokens(Stream& stream, const Tensor& src, const Tensor& stop_ids,
+                               const Tensor& query_start_loc, const Tensor& prev_tokens,
+                               const Tensor& input_ids, const Tensor& slot_mapping) {
+  MLAG_RETURN_IF_ERROR(CheckShape(src, "src", {-1}));
+  const int64_t B = src.size(0);
+  MLAG_RETURN_IF_ERROR(CheckShape(stop_ids, "stop_ids", {B, kMaxFeedStopIds}));
+  MLAG_RETURN_IF_ERROR(CheckShape(query_start_loc, "query_start_loc", {B + 1}));
+  MLAG_RETURN_IF_ERROR(CheckShape(prev_tokens, "prev_tokens", {-1}));
+  MLAG_RETURN_IF_ERROR(CheckShape(input_ids, "input_ids", {-1}));
+  MLAG_RETURN_IF_ERROR(CheckShape(slot_mapping, "slot_mapping", {-1}));
+  struct Operand {
+    const Tensor& t;
+    const char* name;
+    DType dtype;
+  };
+  for (const Operand& o :
+       {Operand{src, "src", DType::kI32}, Operand{stop_ids, "stop_ids", DType::kI32},
+        Operand{query_start_loc, "query_start_loc", DType::kI32},
+        Operand{prev_tokens, "prev_tokens", DType::kI32},
+        Operand{input_ids, "input_ids", DType::kI32},
+        Operand{slot_mapping, "slot_mapping", DType::kI64}}) {
+    MLAG_RETURN_IF_ERROR(CheckOnStream(stream, o.t, o.name));
+    MLAG_RETURN_IF_ERROR(CheckDType(o.t, o.name, {o.dtype}));
+    MLAG_RETURN_IF_ERROR(CheckContiguous(o.t, o.name));
+  }
+  if (slot_mapping.size(0) != input_ids.size(0)) {
+    return absl::InvalidArgumentError(absl::StrCat("slot_mapping has ", slot_mapping.size(0),
+                                                   " rows, input_ids ", input_ids.size(0)));
+  }
+  if (stream.is_cuda()) {
+#if MLAG_HAVE_CUDA
+    return stream.LaunchCuda(
+        "feed_sampled", OpKind::kKernel,
+        [&](void* s) {
+          return static_cast<int>(cuda::LaunchFeedSampledTokens(
+              src.data_as<const int32_t>(), stop_ids.data_as<const int32_t>(), kMaxFeedStopIds,
+              query_start_loc.data_as<const int32_t>(), B, prev_tokens.data_as<const int32_t>(),
+              prev_tokens.size(0), input_ids.data_as<int32_t>(), slot_mapping.data_as<int64_t>(),
+              input_ids.size(0), static_cast<cudaStream_t>(s)));
+        },
+        MovedBytes({&src, &stop_ids, &query_start_loc}));
+#endif
+  }
+  return stream.LaunchHost("feed_sampled", OpKind::kKernel,
+                           [src, stop_ids, query_start_loc, prev_tokens, input_ids, slot_mapping] {
+                             host::FeedSampledTokens(src, stop_ids, query_start_loc, prev_tokens,
+                                                     input_ids, slot_mapping);
+                             return absl::OkStatus();
+                           });
+}
+
 }  // namespace mlag

@@ -43,4 +43,27 @@ constexpr int kMaxTopLogprobs = 64;
 absl::Status TopLogprobs(Stream& stream, const Tensor& logits, const Tensor& k,
                          const Tensor& out_tokens, const Tensor& out_logprobs);
 
+// The most stop tokens per sequence FeedSampledTokens checks.
+constexpr int kMaxFeedStopIds = 8;
+
+// Feeds the tokens the previous step sampled into this step's inputs on the
+// device, so the host can launch a step before it knows them (the engine's
+// overlapped loop, runtime/engine/engine.h). For every sequence b with
+// src[b] >= 0 (its one new token is a placeholder):
+//   t = query_start_loc[b]; token = prev_tokens[src[b]];
+//   input_ids[t] = token;
+//   slot_mapping[t] = -1 when token is one of stop_ids[b, :] (the request
+//     ended on it: its KV is not written, as the step-by-step engine never
+//     computes a stop token's KV).
+// Entries of stop_ids below 0 are unused. A sequence whose src[b] is outside
+// prev_tokens, or whose row t is outside input_ids, is left alone (the
+// runner never stages one).
+//   src: i32 [B]; stop_ids: i32 [B, kMaxFeedStopIds]; query_start_loc: i32
+//   [B + 1]; prev_tokens: i32 [P]; input_ids: i32 [T]; slot_mapping: i64 [T];
+//   all contiguous.
+// On CUDA: one thread per sequence, capturable into a graph.
+absl::Status FeedSampledTokens(Stream& stream, const Tensor& src, const Tensor& stop_ids,
+                               const Tensor& query_start_loc, const Tensor& prev_tokens,
+                               const Tensor& input_ids, const Tensor& slot_mapping);
+
 }  // namespace mlag

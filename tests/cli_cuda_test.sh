@@ -2,7 +2,8 @@
 # The command line on a CUDA device (a real GPU, or the CPU emulation of
 # builds with -Demulate_cuda=true): `mlag run --device cuda
 # --kv-cache-dtype f32` gives the tokens of `--device host` on both tiny
-# models, `mlag info` shows bf16 as CUDA's KV cache default, `mlag graphs
+# models (CUDA with the overlapped loop, its default, and without),
+# `mlag info` shows bf16 as CUDA's KV cache default, `mlag graphs
 # --device cuda` lists, from the captured CUDA graph, each layer's kv_update
 # node right before its attention node, and `mlag bench --profile` reports
 # every graph node with figures that agree with each other and with the
@@ -43,6 +44,18 @@ for model in tiny-v3 tiny-v2; do
     ok
   else
     bad "$model: cuda and host tokens differ"
+  fi
+  if grep -q '"overlapped_steps":[1-9]' "$TMP/cuda.json"; then
+    ok
+  else
+    bad "$model: the CUDA run did not overlap its steps"
+  fi
+  if MLAG_EMULATED_GPUS=1 "$MLAG" "${args[@]}" --device cuda --step-overlap off >"$TMP/cuda_off.json" 2>"$TMP/err" &&
+     grep -q '"overlapped_steps":0' "$TMP/cuda_off.json" &&
+     [ "$(tokens "$TMP/cuda_off.json")" = "$(tokens "$TMP/host.json")" ]; then
+    ok
+  else
+    bad "$model: cuda without the overlap differs from host: $(tail -3 "$TMP/err")"
   fi
 done
 

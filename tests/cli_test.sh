@@ -50,6 +50,8 @@ expect_usage_error "needs --ep" run --model tiny-v3 --reconfigure-at 2:1
 expect_usage_error "needs --ep" run --model tiny-v3 --ep-backend mpi
 expect_usage_error "ep-backend nccl" run --model tiny-v3 --ep 2 --device cuda
 expect_usage_error "ep-backend" run --model tiny-v3 --ep 2 --ep-backend carrier-pigeon
+expect_usage_error "step-overlap on is not available with --ep" run --model tiny-v3 --ep 2 --step-overlap on
+expect_usage_error "step-overlap" run --model tiny-v3 --step-overlap sometimes
 expect_usage_error "batch-sizes" bench --model tiny-v3 --batch-sizes 0
 # Hostile numbers: refused before any arithmetic or allocation.
 expect_usage_error "--seed" run --model tiny-v3 --seed -1

@@ -94,6 +94,10 @@ void EngineFlags::Register(CLI::App* app) {
   app->add_option("--max-model-len", max_model_len, "longest sequence (0: model default)")
       ->check(AtLeast(0));
   app->add_flag("--no-prefix-caching", no_prefix_caching, "disable prefix caching");
+  app->add_option("--step-overlap", step_overlap,
+                  "plan and stage the next step while the GPU runs this one: auto (on for "
+                  "CUDA without expert parallelism), on or off")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   app->add_option("--kv-cache-dtype", kv_cache_dtype,
                   "auto (bf16 on CUDA, f32 on the host), f32 or bf16");
   AddWeightDtype(app, &weight_dtype);
@@ -125,6 +129,7 @@ absl::StatusOr<EngineOptions> EngineFlags::ToOptions() const {
   o.block_size = block_size;
   o.max_model_len = max_model_len;
   o.enable_prefix_caching = !no_prefix_caching;
+  o.step_overlap = step_overlap;
   o.kv_cache_dtype = kv_cache_dtype;
   o.weight_dtype = weight_dtype;
   o.trust_weights = trust_weights;

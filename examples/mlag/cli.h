@@ -41,6 +41,7 @@ struct EngineFlags {
   std::string model;
   std::string device = "auto";
   std::string graph_mode = "full-decode";
+  std::string step_overlap = "auto";
   int64_t kv_cache_bytes = int64_t{256} << 20;
   int max_num_seqs = 64;
   int max_num_batched_tokens = 512;

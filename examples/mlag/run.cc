@@ -176,6 +176,8 @@ absl::Status RunSingle(const RunFlags& f, const EngineOptions& options,
   report->eager_steps = stats.eager_steps;
   report->dummy_steps = stats.dummy_steps;
   report->preemptions = stats.preemptions;
+  report->overlapped_steps = stats.overlapped_steps;
+  report->fed_tokens = stats.fed_tokens;
   report->graph_replays = stats.graph_replays;
   report->prefix_cache_hit_rate = stats.prefix_cache_hit_rate;
   report->capture_seconds = stats.capture_seconds;
@@ -242,6 +244,11 @@ int Run(const RunFlags& f) {
         return Fail(absl::InvalidArgumentError(absl::StrCat(flag, " needs --ep N")));
       }
     }
+  }
+  if (f.ep > 0 && options->step_overlap == "on") {
+    return Fail(absl::InvalidArgumentError(
+        "--step-overlap on is not available with --ep (the ranks agree on each step's shape "
+        "before launching it)"));
   }
   if (!f.prompts_file.empty()) {
     for (const char* flag : {"--num-requests", "--prompt-len", "--shared-prefix-len"}) {

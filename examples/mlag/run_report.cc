@@ -56,6 +56,8 @@ void PrintJson(const RunReport& r) {
             {"prefix_cache_hit_rate", r.prefix_cache_hit_rate},
             {"capture_seconds", r.capture_seconds},
             {"preemptions", r.preemptions},
+            {"overlapped_steps", r.overlapped_steps},
+            {"fed_tokens", r.fed_tokens},
             {"tokens_in", r.tokens_in},
             {"tokens_out", r.tokens_out},
             {"run_seconds", r.run_seconds}};
@@ -134,8 +136,13 @@ void PrintText(const RunReport& r) {
     std::printf(", step latency p50 %.2f ms, p99 %.2f ms", Percentile(r.step_ms, 0.5),
                 Percentile(r.step_ms, 0.99));
   }
-  std::printf(", eager steps %lld, preemptions %lld\n", static_cast<long long>(r.eager_steps),
+  std::printf(", eager steps %lld, preemptions %lld", static_cast<long long>(r.eager_steps),
               static_cast<long long>(r.preemptions));
+  if (r.overlapped_steps > 0) {
+    std::printf(", overlapped %lld (%lld tokens fed on the device)",
+                static_cast<long long>(r.overlapped_steps), static_cast<long long>(r.fed_tokens));
+  }
+  std::printf("\n");
   std::printf("graph replays per size:");
   if (r.graph_replays.empty()) std::printf(" none");
   for (const auto& [size, count] : r.graph_replays) {

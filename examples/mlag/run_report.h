@@ -34,6 +34,9 @@ struct RunReport {
   int64_t steps = 0;         // driver steps (every rank steps together)
   int64_t engine_steps = 0;  // summed over ranks
   int64_t eager_steps = 0, dummy_steps = 0, preemptions = 0;
+  // The overlapped loop: steps launched while the one before ran, and the
+  // tokens the device fed from one step to the next.
+  int64_t overlapped_steps = 0, fed_tokens = 0;
   std::map<int, int64_t> graph_replays;  // capture size -> replays, summed over ranks
   double prefix_cache_hit_rate = 0;
   std::vector<double> step_ms;  // per step (single rank only)

@@ -250,4 +250,22 @@ MLAG_HD uint64_t SampleGroupSteps(uint64_t need, uint64_t value) {
   return (need + value - 1) / value;
 }
 
+// ---- Feeding sampled tokens (kernels/sampling.h's FeedSampledTokens) ------------
+// One sequence b of the feed: its placeholder token becomes the token the
+// previous step sampled for it, and its slot -1 when that token stops it.
+MLAG_HD void FeedSampledToken(int64_t b, const int32_t* src, const int32_t* stop_ids,
+                              int stops_per_seq, const int32_t* query_start_loc,
+                              const int32_t* prev_tokens, int64_t P, int32_t* input_ids,
+                              int64_t* slot_mapping, int64_t T) {
+  const int32_t from = src[b];
+  const int32_t t = query_start_loc[b];
+  if (from < 0 || from >= P || t < 0 || t >= T) return;
+  const int32_t token = prev_tokens[from];
+  input_ids[t] = token;
+  for (int i = 0; i < stops_per_seq; ++i) {
+    const int32_t stop = stop_ids[b * stops_per_seq + i];
+    if (stop >= 0 && stop == token) slot_mapping[t] = -1;
+  }
+}
+
 }  // namespace mlag

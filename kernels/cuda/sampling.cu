@@ -364,7 +364,32 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+__global__ void FeedSampledTokensKernel(const int32_t* src, const int32_t* stop_ids,
+                                        int stops_per_seq, const int32_t* query_start_loc,
+                                        int64_t B, const int32_t* prev_tokens, int64_t P,
+                                        int32_t* input_ids, int64_t* slot_mapping, int64_t T) {
+  const int64_t b = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (b >= B) return;
+  FeedSampledToken(b, src, stop_ids, stops_per_seq, query_start_loc, prev_tokens, P, input_ids,
+                   slot_mapping, T);
+}
+
 }  // namespace
+
+cudaError_t LaunchFeedSampledTokens(const int32_t* src, const int32_t* stop_ids, int stops_per_seq,
+                                    const int32_t* query_start_loc, int64_t B,
+                                    const int32_t* prev_tokens, int64_t P, int32_t* input_ids,
+                                    int64_t* slot_mapping, int64_t T, cudaStream_t stream) {
+  if (B == 0) return cudaSuccess;
+  if (B < 0 || B > 0x7fffffff || stops_per_seq < 0) return cudaErrorInvalidValue;
+  // A few hundred sequences at most: one small CTA per 128, latency only
+  // (about 2 us of a step, its first node).
+  constexpr unsigned int kFeedThreads = 128;
+  const unsigned int blocks = static_cast<unsigned int>((B + kFeedThreads - 1) / kFeedThreads);
+  MLAG_LAUNCH(FeedSampledTokensKernel, blocks, kFeedThreads, 0, stream)
+  (src, stop_ids, stops_per_seq, query_start_loc, B, prev_tokens, P, input_ids, slot_mapping, T);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchSample(const float* logits, int64_t B, int64_t V, int64_t logits_row_stride,
                          const float* temperature, const int32_t* top_k, const float* top_p,

@@ -39,4 +39,13 @@ cudaError_t LaunchTopLogprobs(const float* logits, int64_t B, int64_t V, int64_t
                               int64_t tokens_row_stride, float* out_logprobs,
                               int64_t logprobs_row_stride, cudaStream_t stream);
 
+// kernels/sampling.h's FeedSampledTokens: src i32 [B], stop_ids i32
+// [B, stops_per_seq], query_start_loc i32 [B + 1], prev_tokens i32 [P],
+// input_ids i32 [T], slot_mapping i64 [T], device memory. One thread per
+// sequence; capturable into a CUDA graph.
+cudaError_t LaunchFeedSampledTokens(const int32_t* src, const int32_t* stop_ids, int stops_per_seq,
+                                    const int32_t* query_start_loc, int64_t B,
+                                    const int32_t* prev_tokens, int64_t P, int32_t* input_ids,
+                                    int64_t* slot_mapping, int64_t T, cudaStream_t stream);
+
 }  // namespace mlag::cuda

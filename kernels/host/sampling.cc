@@ -134,4 +134,17 @@ void TopLogprobsRows(const Tensor& logits, const Tensor& k, const Tensor& out_to
   });
 }
 
+void FeedSampledTokens(const Tensor& src, const Tensor& stop_ids, const Tensor& query_start_loc,
+                       const Tensor& prev_tokens, const Tensor& input_ids,
+                       const Tensor& slot_mapping) {
+  const int64_t B = src.size(0);
+  for (int64_t b = 0; b < B; ++b) {
+    FeedSampledToken(b, src.data_as<const int32_t>(), stop_ids.data_as<const int32_t>(),
+                     static_cast<int>(stop_ids.size(1)), query_start_loc.data_as<const int32_t>(),
+                     prev_tokens.data_as<const int32_t>(), prev_tokens.size(0),
+                     input_ids.data_as<int32_t>(), slot_mapping.data_as<int64_t>(),
+                     input_ids.size(0));
+  }
+}
+
 }  // namespace mlag::host

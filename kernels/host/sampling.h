@@ -25,4 +25,9 @@ int TopLogprobs(const float* logits, int vocab, int k, int32_t* tokens, float* l
 void TopLogprobsRows(const Tensor& logits, const Tensor& k, const Tensor& out_tokens,
                      const Tensor& out_logprobs);
 
+// kernels/sampling.h's FeedSampledTokens.
+void FeedSampledTokens(const Tensor& src, const Tensor& stop_ids, const Tensor& query_start_loc,
+                       const Tensor& prev_tokens, const Tensor& input_ids,
+                       const Tensor& slot_mapping);
+
 }  // namespace mlag::host

@@ -499,21 +499,30 @@ absl::StatusOr<std::unique_ptr<Graph>> Stream::EndCapture() {
 #endif
 }
 
-absl::Status Stream::Synchronize() {
+absl::Status Stream::Synchronize() { return WaitUntilDone(nullptr); }
+
+absl::Status Stream::WaitUntilDone(void* event) {
 #if MLAG_HAVE_CUDA
   if (is_cuda()) {
     cudaStream_t s = static_cast<cudaStream_t>(native_);
+    cudaEvent_t e = static_cast<cudaEvent_t>(event);
     if (watchdog_timeout_ == absl::ZeroDuration()) {
-      MLAG_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+      if (e != nullptr) {
+        MLAG_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(e));
+      } else {
+        MLAG_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+      }
       return absl::OkStatus();
     }
     // Poll, checking the health function, until the watchdog's deadline.
     return PollUntil(
         watchdog_timeout_,
         [&]() -> absl::StatusOr<bool> {
-          const cudaError_t e = cudaStreamQuery(s);
-          if (e == cudaSuccess) return true;
-          if (e != cudaErrorNotReady) return CudaStatus(e, "cudaStreamQuery", MLAG_WHERE_);
+          const cudaError_t r = e != nullptr ? cudaEventQuery(e) : cudaStreamQuery(s);
+          if (r == cudaSuccess) return true;
+          if (r != cudaErrorNotReady) {
+            return CudaStatus(r, e != nullptr ? "cudaEventQuery" : "cudaStreamQuery", MLAG_WHERE_);
+          }
           if (watchdog_health_) MLAG_RETURN_IF_ERROR(watchdog_health_());
           return false;
         },
@@ -525,8 +534,40 @@ absl::Status Stream::Synchronize() {
         });
   }
 #endif
+  (void)event;
   return absl::OkStatus();
 }
+
+absl::StatusOr<std::unique_ptr<StreamEvent>> StreamEvent::Create(Stream* stream) {
+  std::unique_ptr<StreamEvent> event(new StreamEvent(stream));
+#if MLAG_HAVE_CUDA
+  if (stream->is_cuda()) {
+    cudaEvent_t e = nullptr;
+    MLAG_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    event->native_ = e;
+  }
+#endif
+  return event;
+}
+
+StreamEvent::~StreamEvent() {
+#if MLAG_HAVE_CUDA
+  if (native_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(native_));
+#endif
+}
+
+absl::Status StreamEvent::Record() {
+  MLAG_RETURN_IF_ERROR(stream_->RefuseDuringCapture("recording an event to wait on"));
+#if MLAG_HAVE_CUDA
+  if (native_ != nullptr) {
+    MLAG_CUDA_RETURN_IF_ERROR(cudaEventRecord(static_cast<cudaEvent_t>(native_),
+                                              static_cast<cudaStream_t>(stream_->native())));
+  }
+#endif
+  return absl::OkStatus();
+}
+
+absl::Status StreamEvent::Wait() { return stream_->WaitUntilDone(native_); }
 
 void Stream::SetWatchdog(absl::Duration timeout, std::function<absl::Status()> health,
                          std::function<absl::Status(absl::Duration waited)> timed_out) {

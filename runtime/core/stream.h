@@ -212,6 +212,10 @@ class Stream {
                    OpKind* resolved_kind, uint64_t* scope_id) const;
 
   absl::Status RefuseDuringCapture(absl::string_view what) const;
+  // Synchronize's wait, for everything queued (event nullptr) or up to a
+  // recorded cudaEvent_t.
+  absl::Status WaitUntilDone(void* event);
+  friend class StreamEvent;
 
   Device* device_;
   void* native_ = nullptr;
@@ -235,6 +239,29 @@ class Stream {
   uint64_t next_scope_id_ = 1;
   std::vector<Scope> scopes_;
   std::unique_ptr<CaptureState> capture_;
+};
+
+// A point in a stream's work, for the host to wait on without waiting for
+// what was queued after it (the engine's overlapped loop waits for step N's
+// results while step N+1 runs). Record marks the point after the work
+// enqueued so far (refused during a capture); Wait returns once the stream
+// has run that far, under the stream's watchdog as Synchronize. An event
+// never recorded is complete. On the host both return at once: the host
+// stream runs each op at launch.
+class StreamEvent {
+ public:
+  static absl::StatusOr<std::unique_ptr<StreamEvent>> Create(Stream* stream);
+  ~StreamEvent();
+  StreamEvent(const StreamEvent&) = delete;
+  StreamEvent& operator=(const StreamEvent&) = delete;
+
+  absl::Status Record();
+  absl::Status Wait();
+
+ private:
+  explicit StreamEvent(Stream* stream) : stream_(stream) {}
+  Stream* stream_;
+  void* native_ = nullptr;  // cudaEvent_t on CUDA
 };
 
 // Names every launch on `stream` while alive; launches within one scope form

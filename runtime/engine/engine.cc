@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "kernels/sampling.h"
 #include "runtime/core/peer_fault.h"
 #include "runtime/core/status.h"
 #include "runtime/engine/model_tokenizer.h"
@@ -75,6 +77,19 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
         "kv cache of ", options.kv_cache_bytes, " bytes holds ", num_blocks, " blocks of ",
         bytes_per_block, " bytes; at least 2 are needed (block 0 is reserved)"));
   }
+  if (options.step_overlap != "auto" && options.step_overlap != "on" &&
+      options.step_overlap != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step overlap '", options.step_overlap, "': expected auto, on or off"));
+  }
+  if (options.step_overlap == "on" && options.ep_group != nullptr) {
+    return absl::InvalidArgumentError(
+        "step overlap is not available with an expert-parallel group (its ranks agree on each "
+        "step's shape before launching it)");
+  }
+  e->overlap_ =
+      options.ep_group == nullptr &&
+      (options.step_overlap == "on" || (options.step_overlap == "auto" && e->device_->is_cuda()));
   RunnerConfig rc;
   rc.max_num_seqs = options.max_num_seqs;
   rc.max_num_batched_tokens = options.max_num_batched_tokens;
@@ -127,6 +142,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   SchedulerConfig sc;
   sc.max_num_seqs = options.max_num_seqs;
   sc.max_num_batched_tokens = options.max_num_batched_tokens;
+  sc.max_model_len = e->max_model_len_;
+  sc.max_fed_stop_ids = e->overlap_ ? kMaxFeedStopIds : 0;
   e->scheduler_ = std::make_unique<Scheduler>(sc, e->kv_.get());
   return e;
 }
@@ -217,27 +234,70 @@ absl::Status Engine::ValidateRequest(const RequestSpec& spec) const {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Appends what `from` collected to `into` (the steps in order).
+// Logits rows stay only when every token came from the one step collected.
+void AppendCollected(StepOutput from, StepOutput* into) {
+  if (into->new_tokens.empty()) {
+    into->logits_rows = std::move(from.logits_rows);
+  } else {
+    into->logits_rows.clear();
+  }
+  into->new_tokens.insert(into->new_tokens.end(), from.new_tokens.begin(), from.new_tokens.end());
+  into->finished.insert(into->finished.end(), from.finished.begin(), from.finished.end());
+  into->preempted.insert(into->preempted.end(), from.preempted.begin(), from.preempted.end());
+  into->num_tokens += from.num_tokens;
+  if (from.padded_size > 0) {
+    into->replayed = from.replayed;
+    into->padded_size = from.padded_size;
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<StepOutput> Engine::Step() {
-  StepOutput out;
+  StepOutput out = std::move(undelivered_);
+  undelivered_ = StepOutput();
+  if (!in_flight_.empty()) scheduler_->RetireEndingByLength(in_flight_.back().sched);
   SchedulerOutput sched = scheduler_->Schedule();
-  out.preempted = sched.preempted;
+  out.preempted.insert(out.preempted.end(), sched.preempted.begin(), sched.preempted.end());
+  // A pending token is fed from the step in flight, which sampled it (at
+  // most one step is in flight here): its row there.
+  std::map<RequestId, int> fed_rows;
+  if (!in_flight_.empty()) {
+    const std::vector<RequestId>& ids = in_flight_.back().ids;
+    for (size_t i = 0; i < ids.size(); ++i) fed_rows[ids[i]] = static_cast<int>(i);
+  }
+  static const int32_t kPlaceholder = 0;
   std::vector<StepSequence> seqs(sched.scheduled.size());
   for (size_t i = 0; i < sched.scheduled.size(); ++i) {
     const ScheduledRequest& s = sched.scheduled[i];
     const Request& r = *s.request;
     StepSequence& q = seqs[i];
-    q.new_tokens = absl::Span<const int32_t>(r.tokens.data() + r.num_computed_tokens,
-                                             static_cast<size_t>(s.num_new_tokens));
+    if (s.fed) {
+      auto row = fed_rows.find(r.id);
+      if (row == fed_rows.end()) {
+        return absl::InternalError(
+            absl::StrCat("request ", r.id, " has a pending token but no step in flight"));
+      }
+      q.new_tokens = absl::Span<const int32_t>(&kPlaceholder, 1);
+      q.feed_from = row->second;
+      q.stop_token_ids = r.spec.stop_token_ids;
+    } else {
+      q.new_tokens = absl::Span<const int32_t>(r.tokens.data() + r.num_computed_tokens,
+                                               static_cast<size_t>(s.num_new_tokens));
+    }
     q.start_position = r.num_computed_tokens;
     q.block_table = kv_->block_table(r.id);
     q.sample = s.samples;
     q.sampling = r.spec.sampling;
-    q.output_index = r.num_output_tokens();
+    q.output_index = r.num_output_tokens() + r.num_pending_tokens;
   }
   StepPlan plan = sched.empty() ? StepPlan{0, true} : runner_->Plan(seqs);
   Communicator* group = options_.ep_group;
   if (group != nullptr) {
-    // Lockstep: one shape for every rank of the group.
+    // Lockstep: one shape for every rank of the group (never overlapped).
     MLAG_ASSIGN_OR_RETURN(int64_t rows, group->AllReduceScalar(plan.rows, ReduceOp::kMax));
     MLAG_ASSIGN_OR_RETURN(int64_t all_decode,
                           group->AllReduceScalar(plan.decode ? 1 : 0, ReduceOp::kMin));
@@ -250,28 +310,75 @@ absl::StatusOr<StepOutput> Engine::Step() {
       return out;
     }
   }
-  if (sched.empty()) return out;
-  ++steps_;
-  MLAG_ASSIGN_OR_RETURN(StepResult result, runner_->Execute(seqs, &plan));
-  out.num_tokens = sched.num_tokens;
-  out.replayed = result.replayed;
-  out.padded_size = result.padded_size;
-  for (size_t i = 0; i < sched.scheduled.size(); ++i) {
-    const ScheduledRequest& s = sched.scheduled[i];
-    if (!s.samples) continue;
-    out.new_tokens.emplace_back(s.request->id, result.tokens[i]);
-    out.logits_rows.push_back(static_cast<int>(i));
-    if (s.request->spec.sampling.logprobs > 0) {
-      s.request->logprobs.push_back(std::move(result.logprobs[i]));
-    }
+  bool launched = false;
+  if (!sched.empty()) {
+    MLAG_ASSIGN_OR_RETURN(StepTicket ticket, runner_->Launch(seqs, &plan));
+    scheduler_->Launched(sched);
+    ++steps_;
+    if (!in_flight_.empty()) ++overlapped_steps_;
+    for (const StepSequence& q : seqs) fed_tokens_ += q.feed_from >= 0;
+    launched = true;
+    last_launched_ = ticket.id;
+    InFlightStep step{ticket, std::move(sched), {}};
+    for (const ScheduledRequest& s : step.sched.scheduled) step.ids.push_back(s.request->id);
+    in_flight_.push_back(std::move(step));
   }
-  for (Request* r : scheduler_->Update(sched, result.tokens, max_model_len_)) {
-    out.finished.push_back(r->id);
+  // Without the overlap every step is collected at once; with it, the one
+  // just launched stays in flight, unless its log-probabilities come from
+  // its logits, which the next launch replaces.
+  const bool keep_newest =
+      overlap_ && launched && !runner_->NeedsCollectBeforeNextLaunch(in_flight_.back().ticket);
+  while (in_flight_.size() > (keep_newest ? 1u : 0u)) {
+    StepOutput collected;
+    MLAG_RETURN_IF_ERROR(CollectOldest(&collected));
+    AppendCollected(std::move(collected), &out);
   }
   return out;
 }
 
+absl::Status Engine::CollectOldest(StepOutput* out) {
+  InFlightStep step = std::move(in_flight_.front());
+  in_flight_.erase(in_flight_.begin());
+  MLAG_ASSIGN_OR_RETURN(StepResult result, runner_->Collect(step.ticket));
+  // A request released since is gone: its entry is dropped.
+  for (size_t i = 0; i < step.sched.scheduled.size(); ++i) {
+    auto it = requests_.find(step.ids[i]);
+    step.sched.scheduled[i].request = it == requests_.end() ? nullptr : it->second.get();
+  }
+  out->num_tokens = step.sched.num_tokens;
+  out->replayed = result.replayed;
+  out->padded_size = result.padded_size;
+  const bool logits_valid = step.ticket.id == last_launched_;
+  for (size_t i = 0; i < step.sched.scheduled.size(); ++i) {
+    const ScheduledRequest& s = step.sched.scheduled[i];
+    if (!s.samples || s.request == nullptr || s.request->finished()) continue;
+    out->new_tokens.emplace_back(s.request->id, result.tokens[i]);
+    if (logits_valid) out->logits_rows.push_back(static_cast<int>(i));
+    if (s.request->spec.sampling.logprobs > 0) {
+      s.request->logprobs.push_back(std::move(result.logprobs[i]));
+    }
+  }
+  for (Request* r : scheduler_->Sampled(step.sched, result.tokens)) {
+    out->finished.push_back(r->id);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Drain() {
+  while (!in_flight_.empty()) {
+    StepOutput collected;
+    MLAG_RETURN_IF_ERROR(CollectOldest(&collected));
+    AppendCollected(std::move(collected), &undelivered_);
+  }
+  return absl::OkStatus();
+}
+
 std::vector<std::unique_ptr<Request>> Engine::TakeUnfinished() {
+  // A step in flight still gives its requests their tokens. If it fails, the
+  // requests leave with the tokens known (the failed step's are lost with
+  // it, as a failed Step's are).
+  Drain().IgnoreError();
+  in_flight_.clear();
   std::vector<std::unique_ptr<Request>> taken;
   for (auto it = requests_.begin(); it != requests_.end();) {
     if (it->second->finished()) {
@@ -301,6 +408,12 @@ absl::Status Engine::AdoptRequest(std::unique_ptr<Request> request) {
 }
 
 absl::Status Engine::SetExpertGroup(Communicator* group) {
+  MLAG_RETURN_IF_ERROR(Drain());
+  if (overlap_ && group != nullptr) {
+    // Ranks agree on each step's shape before launching it.
+    overlap_ = false;
+    scheduler_->set_max_fed_stop_ids(0);
+  }
   runner_->DropGraphs();
   MLAG_RETURN_IF_ERROR(runner_->SetExpertGroup(group));
   options_.ep_group = group;
@@ -339,6 +452,8 @@ EngineStats Engine::Stats() const {
   EngineStats s;
   const RunnerStats& rs = runner_->stats();
   s.steps = steps_;
+  s.overlapped_steps = overlapped_steps_;
+  s.fed_tokens = fed_tokens_;
   s.graph_replays = rs.graph_replays;
   s.eager_steps = rs.eager_steps;
   s.dummy_steps = rs.dummy_steps;

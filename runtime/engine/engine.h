@@ -61,6 +61,10 @@ struct EngineOptions {
   int max_model_len = 0;  // 0: min(max_position_embeddings, 4096)
   GraphMode graph_mode = GraphMode::kFullDecode;
   std::vector<int> capture_sizes;  // empty: the default list
+  // The overlapped loop (see Engine::Step): "auto" (on for CUDA without an
+  // expert-parallel group), "on" or "off". Not with an expert-parallel group,
+  // whose ranks agree on each step's shape before launching it.
+  std::string step_overlap = "auto";
   bool enable_prefix_caching = true;
   std::vector<int> local_experts;  // empty: every routed expert
   // The chat format of text prompts: "auto" (from the tokenizer config, else
@@ -90,21 +94,30 @@ struct EngineOptions {
   absl::Duration ep_startup_timeout = absl::ZeroDuration();
 };
 
+// What one Step call delivers: the results of the steps it collected (with
+// the overlapped loop, the step launched by the call before, and any steps
+// Drain collected since), and what its own scheduling did.
 struct StepOutput {
-  // Requests that got a token this step, with it.
+  // Requests that got a token, with it, in the order the steps ran.
   std::vector<std::pair<RequestId, int32_t>> new_tokens;
-  // Per new token: its row in runner().last_logits().
+  // Per new token: its row in runner().last_logits(); empty unless every
+  // token came from the last step launched (always so without the overlap).
   std::vector<int> logits_rows;
   std::vector<RequestId> finished;
   std::vector<RequestId> preempted;
-  int num_tokens = 0;     // tokens computed
-  bool replayed = false;  // ran as a graph replay
+  int num_tokens = 0;     // tokens computed by the steps collected
+  bool replayed = false;  // the last step collected ran as a graph replay
   bool dummy = false;     // this rank had no work and ran a dummy step
   int padded_size = 0;
 };
 
 struct EngineStats {
   int64_t steps = 0;
+  // Steps launched while the one before was still in flight (the overlapped
+  // loop), and fed tokens: pending tokens the device passed from one step
+  // to the next.
+  int64_t overlapped_steps = 0;
+  int64_t fed_tokens = 0;
   std::map<int, int64_t> graph_replays;
   int64_t eager_steps = 0;
   int64_t dummy_steps = 0;
@@ -148,6 +161,14 @@ class Engine {
 
   // Runs one scheduling step (a no-op step when nothing can run).
   //
+  // With the overlapped loop (EngineOptions::step_overlap), Step schedules
+  // and launches step N+1 before it collects step N, so the GPU runs N+1's
+  // first kernels while the host applies N's tokens: it returns N's tokens.
+  // A request's token from step N reaches step N+1 on the device; a request
+  // it ends with a stop token is found one step late, and step N+1 writes no
+  // KV for it (scheduler.h). Step calls continue while HasUnfinished; the
+  // tokens are those of the loop without overlap.
+  //
   // In an expert-parallel group every rank calls Step together: the ranks
   // agree on the step's shape (the largest row count, and a decode plan only
   // if every rank has one), so their MoE collectives match; a rank with
@@ -176,7 +197,17 @@ class Engine {
   // one that has not finished.
   absl::Status Release(RequestId id);
 
-  bool HasUnfinished() const { return scheduler_->HasUnfinished(); }
+  // Unfinished requests, a step in flight, or tokens not yet delivered.
+  bool HasUnfinished() const {
+    return scheduler_->HasUnfinished() || !in_flight_.empty() || !undelivered_.new_tokens.empty() ||
+           !undelivered_.finished.empty();
+  }
+
+  // Collects every step in flight (the overlapped loop): their tokens are
+  // applied to their requests now, and delivered by the next Step.
+  absl::Status Drain();
+
+  bool overlapped() const { return overlap_; }
   const Request* request(RequestId id) const;
   std::vector<RequestId> request_ids() const;
   EngineStats Stats() const;
@@ -206,6 +237,21 @@ class Engine {
   RequestId next_id_ = 0;
   int max_model_len_ = 0;
   int64_t steps_ = 0;
+  int64_t overlapped_steps_ = 0;
+  int64_t fed_tokens_ = 0;
+  // The overlapped loop: steps launched and not yet collected (at most one
+  // between Step calls), and results collected outside Step.
+  struct InFlightStep {
+    StepTicket ticket;
+    SchedulerOutput sched;
+    std::vector<RequestId> ids;  // of sched.scheduled (a request may be released meanwhile)
+  };
+  bool overlap_ = false;
+  std::vector<InFlightStep> in_flight_;
+  uint64_t last_launched_ = 0;  // ticket id of the last step launched
+  StepOutput undelivered_;
+  // Collects the oldest step in flight into `out`.
+  absl::Status CollectOldest(StepOutput* out);
   double open_model_seconds_ = 0.0;  // Create: OpenModel
   ModelConfig model_config_;         // as opened (for the tokenizer)
   // Loaded on the first tokenizer() call.

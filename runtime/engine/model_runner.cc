@@ -101,25 +101,27 @@ absl::Status ModelRunner::Init(ModelSource& source) {
   const int64_t R = max_rows_, S = max_seq_rows_;
   struct Field {
     Tensor* device;
-    Tensor* staged;
+    Tensor StagedInputs::*staged;
     DType dtype;
     std::vector<int64_t> shape;
   };
   const Field fields[] = {
-      {&input_ids_, &staged_.input_ids, DType::kI32, {R}},
-      {&positions_, &staged_.positions, DType::kI32, {R}},
-      {&slot_mapping_, &staged_.slot_mapping, DType::kI64, {R}},
-      {&seq_lens_, &staged_.seq_lens, DType::kI32, {S}},
-      {&query_start_loc_, &staged_.query_start_loc, DType::kI32, {S + 1}},
-      {&logits_indices_, &staged_.logits_indices, DType::kI32, {S}},
-      {&temperature_, &staged_.temperature, DType::kF32, {S}},
-      {&top_k_, &staged_.top_k, DType::kI32, {S}},
-      {&top_p_, &staged_.top_p, DType::kF32, {S}},
-      {&seeds_, &staged_.seeds, DType::kI64, {S}},
-      {&steps_, &staged_.steps, DType::kI64, {S}},
-      {&logprobs_k_, &staged_.logprobs_k, DType::kI32, {S}},
+      {&input_ids_, &StagedInputs::input_ids, DType::kI32, {R}},
+      {&positions_, &StagedInputs::positions, DType::kI32, {R}},
+      {&slot_mapping_, &StagedInputs::slot_mapping, DType::kI64, {R}},
+      {&seq_lens_, &StagedInputs::seq_lens, DType::kI32, {S}},
+      {&query_start_loc_, &StagedInputs::query_start_loc, DType::kI32, {S + 1}},
+      {&logits_indices_, &StagedInputs::logits_indices, DType::kI32, {S}},
+      {&temperature_, &StagedInputs::temperature, DType::kF32, {S}},
+      {&top_k_, &StagedInputs::top_k, DType::kI32, {S}},
+      {&top_p_, &StagedInputs::top_p, DType::kF32, {S}},
+      {&seeds_, &StagedInputs::seeds, DType::kI64, {S}},
+      {&steps_, &StagedInputs::steps, DType::kI64, {S}},
+      {&logprobs_k_, &StagedInputs::logprobs_k, DType::kI32, {S}},
+      {&feed_src_, &StagedInputs::feed_src, DType::kI32, {S}},
+      {&stop_ids_, &StagedInputs::stop_ids, DType::kI32, {S, kMaxFeedStopIds}},
       // Last, and by far the largest: a step uploads only its own rows.
-      {&block_table_, &staged_.block_table, DType::kI32, {S, max_blocks_per_seq_}},
+      {&block_table_, &StagedInputs::block_table, DType::kI32, {S, max_blocks_per_seq_}},
   };
   std::vector<size_t> offsets;
   size_t bytes = 0;
@@ -129,26 +131,35 @@ absl::Status ModelRunner::Init(ModelSource& source) {
   }
   block_table_offset_ = offsets.back();
   MLAG_ASSIGN_OR_RETURN(inputs_, device_->Allocate(bytes));
-  MLAG_ASSIGN_OR_RETURN(staging_, device_->AllocatePinned(bytes));
-  std::memset(staging_.data(), 0, bytes);
   for (size_t i = 0; i < std::size(fields); ++i) {
     const Field& f = fields[i];
     *f.device =
         Tensor(static_cast<char*>(inputs_.data()) + offsets[i], f.dtype, f.shape, device_->kind());
-    *f.staged = Tensor(static_cast<char*>(staging_.data()) + offsets[i], f.dtype, f.shape,
-                       DeviceKind::kHost);
   }
-  MLAG_RETURN_IF_ERROR(stream_->CopyFromHost(inputs_.data(), staging_.data(), bytes));
-  // The sampled tokens, and their pinned copy on the host.
+  // Two staging slots (model_runner.h), each with its pinned results.
+  const size_t top_bytes = size_t{2} * c.max_num_seqs * kMaxTopLogprobs * sizeof(int32_t);
+  for (Slot& slot : slots_) {
+    MLAG_ASSIGN_OR_RETURN(slot.staging, device_->AllocatePinned(bytes));
+    std::memset(slot.staging.data(), 0, bytes);
+    for (size_t i = 0; i < std::size(fields); ++i) {
+      const Field& f = fields[i];
+      slot.staged.*f.staged = Tensor(static_cast<char*>(slot.staging.data()) + offsets[i], f.dtype,
+                                     f.shape, DeviceKind::kHost);
+    }
+    MLAG_ASSIGN_OR_RETURN(slot.sampled_host, device_->AllocatePinned(S * sizeof(int32_t)));
+    if (stream_->is_cuda()) {
+      MLAG_ASSIGN_OR_RETURN(slot.top_logprobs_host, device_->AllocatePinned(top_bytes));
+    }
+    MLAG_ASSIGN_OR_RETURN(slot.done, StreamEvent::Create(stream_.get()));
+  }
+  MLAG_RETURN_IF_ERROR(stream_->CopyFromHost(inputs_.data(), slots_[0].staging.data(), bytes));
+  // The sampled tokens.
   MLAG_ASSIGN_OR_RETURN(Buffer sampled, device_->Allocate(S * sizeof(int32_t)));
   MLAG_RETURN_IF_ERROR(stream_->Memset(sampled.data(), 0, sampled.bytes()));
   sampled_ = sampled.AsTensor(DType::kI32, {S});
   buffers_.push_back(std::move(sampled));
-  MLAG_ASSIGN_OR_RETURN(sampled_host_, device_->AllocatePinned(S * sizeof(int32_t)));
   if (stream_->is_cuda()) {
-    const size_t bytes = size_t{2} * c.max_num_seqs * kMaxTopLogprobs * sizeof(int32_t);
-    MLAG_ASSIGN_OR_RETURN(top_logprobs_, device_->Allocate(bytes));
-    MLAG_ASSIGN_OR_RETURN(top_logprobs_host_, device_->AllocatePinned(bytes));
+    MLAG_ASSIGN_OR_RETURN(top_logprobs_, device_->Allocate(top_bytes));
   }
   return stream_->Synchronize();
 }
@@ -187,37 +198,61 @@ AttentionMetadata ModelRunner::Metadata(int num_tokens, int num_seqs, bool decod
 }
 
 absl::Status ModelRunner::RunOps(const AttentionMetadata& meta) {
-  MLAG_RETURN_IF_ERROR(model_->Forward(*stream_, meta));
   const int B = meta.num_seqs;
+  {
+    // First: tokens the previous step sampled, where this step takes them
+    // from the device (every feed_src is -1 otherwise: no row changes).
+    NodeScope s(*stream_, "feed_sampled", OpKind::kKernel);
+    MLAG_RETURN_IF_ERROR(FeedSampledTokens(*stream_, Rows(feed_src_, B), Rows(stop_ids_, B),
+                                           meta.query_start_loc, sampled_, meta.input_ids,
+                                           meta.slot_mapping));
+  }
+  MLAG_RETURN_IF_ERROR(model_->Forward(*stream_, meta));
   NodeScope s(*stream_, "sample", OpKind::kKernel);
   return Sample(*stream_, model_->logits(B), Rows(temperature_, B), Rows(top_k_, B),
                 Rows(top_p_, B), Rows(seeds_, B), Rows(steps_, B), Rows(sampled_, B));
 }
 
+int ModelRunner::steps_in_flight() const {
+  return (slots_[0].step.id != 0 ? 1 : 0) + (slots_[1].step.id != 0 ? 1 : 0);
+}
+
+absl::Status ModelRunner::RefuseWhileInFlight(absl::string_view what) const {
+  if (steps_in_flight() == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(what, " with ", steps_in_flight(), " step(s) in flight: collect them first"));
+}
+
 absl::StatusOr<ModelRunner::Staging> ModelRunner::BeginStaging(int rows, int seqs) {
-  // The staging buffer is the source of an upload that may still be queued:
-  // wait for it before writing the next step's inputs over it (a failed
-  // wait leaves it queued, so the buffer is not touched).
-  if (upload_pending_) {
-    MLAG_RETURN_IF_ERROR(stream_->Synchronize());
-    upload_pending_ = false;
+  // The slot's pinned memory is the source of an upload and the target of
+  // copies back that may still be queued: wait for its last use before
+  // writing over it (a failed wait leaves it queued, so it is not touched).
+  Slot& slot = slots_[slot_];
+  if (slot.step.id != 0) {
+    return absl::FailedPreconditionError(
+        "two steps are in flight: collect the older before launching another");
   }
+  MLAG_RETURN_IF_ERROR(slot.done->Wait());
+  const StagedInputs& in = slot.staged;
   Staging st;
-  st.ids = staged_.input_ids.data_as<int32_t>();
-  st.positions = staged_.positions.data_as<int32_t>();
-  st.slots = staged_.slot_mapping.data_as<int64_t>();
-  st.block_table = staged_.block_table.data_as<int32_t>();
-  st.seq_lens = staged_.seq_lens.data_as<int32_t>();
-  st.qsl = staged_.query_start_loc.data_as<int32_t>();
-  st.logits_idx = staged_.logits_indices.data_as<int32_t>();
-  st.temperature = staged_.temperature.data_as<float>();
-  st.top_k = staged_.top_k.data_as<int32_t>();
-  st.top_p = staged_.top_p.data_as<float>();
-  st.seeds = staged_.seeds.data_as<int64_t>();
-  st.steps = staged_.steps.data_as<int64_t>();
-  st.logprobs_k = staged_.logprobs_k.data_as<int32_t>();
+  st.ids = in.input_ids.data_as<int32_t>();
+  st.positions = in.positions.data_as<int32_t>();
+  st.slots = in.slot_mapping.data_as<int64_t>();
+  st.block_table = in.block_table.data_as<int32_t>();
+  st.seq_lens = in.seq_lens.data_as<int32_t>();
+  st.qsl = in.query_start_loc.data_as<int32_t>();
+  st.logits_idx = in.logits_indices.data_as<int32_t>();
+  st.temperature = in.temperature.data_as<float>();
+  st.top_k = in.top_k.data_as<int32_t>();
+  st.top_p = in.top_p.data_as<float>();
+  st.seeds = in.seeds.data_as<int64_t>();
+  st.steps = in.steps.data_as<int64_t>();
+  st.logprobs_k = in.logprobs_k.data_as<int32_t>();
+  st.feed_src = in.feed_src.data_as<int32_t>();
+  st.stop_ids = in.stop_ids.data_as<int32_t>();
   // Dummy values in the rows this step uses: token 0, position 0, slot -1,
-  // null blocks, seq_len 0, greedy sampling, no log-probabilities.
+  // null blocks, seq_len 0, greedy sampling, no log-probabilities, nothing
+  // fed from the previous step.
   std::fill_n(st.ids, rows, 0);
   std::fill_n(st.positions, rows, 0);
   std::fill_n(st.slots, rows, int64_t{-1});
@@ -231,14 +266,21 @@ absl::StatusOr<ModelRunner::Staging> ModelRunner::BeginStaging(int rows, int seq
   std::fill_n(st.seeds, seqs, int64_t{0});
   std::fill_n(st.steps, seqs, int64_t{0});
   std::fill_n(st.logprobs_k, seqs, 0);
+  std::fill_n(st.feed_src, seqs, -1);
+  std::fill_n(st.stop_ids, static_cast<size_t>(seqs) * kMaxFeedStopIds, -1);
   return st;
 }
 
 absl::Status ModelRunner::UploadStaging(int seqs) {
-  upload_pending_ = true;
   const size_t bytes =
       block_table_offset_ + static_cast<size_t>(seqs) * max_blocks_per_seq_ * sizeof(int32_t);
-  return stream_->CopyFromHost(inputs_.data(), staging_.data(), bytes);
+  return stream_->CopyFromHost(inputs_.data(), slots_[slot_].staging.data(), bytes);
+}
+
+absl::Status ModelRunner::EndSlot() {
+  MLAG_RETURN_IF_ERROR(slots_[slot_].done->Record());
+  slot_ ^= 1;
+  return absl::OkStatus();
 }
 
 absl::Status ModelRunner::FillDummy(const StepPlan& plan) {
@@ -251,10 +293,13 @@ absl::Status ModelRunner::FillDummy(const StepPlan& plan) {
       st.logits_idx[i] = i;
     }
   }  // else one empty sequence: qsl = [0, 0], every token row belongs to none
-  return UploadStaging(seqs);
+  MLAG_RETURN_IF_ERROR(UploadStaging(seqs));
+  feedable_seqs_ = 0;  // the dummy run's sampling replaces sampled_
+  return EndSlot();
 }
 
 absl::Status ModelRunner::DummyStep(const StepPlan& plan) {
+  MLAG_RETURN_IF_ERROR(RefuseWhileInFlight("a dummy step"));
   const int limit = plan.decode ? std::min(max_rows_, max_seq_rows_) : max_rows_;
   if (plan.rows < 1 || plan.rows > limit) {
     return absl::InvalidArgumentError(
@@ -272,15 +317,14 @@ absl::Status ModelRunner::DummyStep(const StepPlan& plan) {
     MLAG_RETURN_IF_ERROR(
         RunOps(plan.decode ? Metadata(plan.rows, plan.rows, true) : Metadata(plan.rows, 1, false)));
   }
-  MLAG_RETURN_IF_ERROR(stream_->Synchronize());
-  upload_pending_ = false;
-  return absl::OkStatus();
+  return stream_->Synchronize();
 }
 
 absl::Status ModelRunner::SaveAndClearMetadata() {
+  MLAG_RETURN_IF_ERROR(RefuseWhileInFlight("saving the metadata"));
   saved_metadata_.clear();
   for (const Tensor* t : {&slot_mapping_, &block_table_, &seq_lens_, &query_start_loc_,
-                          &logits_indices_, &positions_, &input_ids_}) {
+                          &logits_indices_, &positions_, &input_ids_, &feed_src_}) {
     std::vector<char> bytes(t->nbytes());
     MLAG_RETURN_IF_ERROR(device_->CopyToHost(bytes.data(), t->data(), bytes.size()));
     saved_metadata_.push_back(std::move(bytes));
@@ -290,9 +334,12 @@ absl::Status ModelRunner::SaveAndClearMetadata() {
 
 absl::Status ModelRunner::RestoreMetadata() {
   if (saved_metadata_.empty()) return absl::FailedPreconditionError("no saved metadata");
+  // The dummy upload from a pinned slot may still be queued: it must land
+  // before the saved values do.
+  MLAG_RETURN_IF_ERROR(stream_->Synchronize());
   size_t i = 0;
   for (const Tensor* t : {&slot_mapping_, &block_table_, &seq_lens_, &query_start_loc_,
-                          &logits_indices_, &positions_, &input_ids_}) {
+                          &logits_indices_, &positions_, &input_ids_, &feed_src_}) {
     MLAG_RETURN_IF_ERROR(
         device_->CopyFromHost(t->data(), saved_metadata_[i].data(), saved_metadata_[i].size()));
     ++i;
@@ -319,6 +366,7 @@ StepPlan ModelRunner::Agree(int max_rows, bool all_decode) const {
 }
 
 absl::Status ModelRunner::CaptureGraphs() {
+  MLAG_RETURN_IF_ERROR(RefuseWhileInFlight("capturing graphs"));
   graphs_.clear();
   stats_.warmup_seconds = 0.0;
   stats_.capture_seconds = 0.0;
@@ -355,8 +403,18 @@ absl::Status ModelRunner::CaptureGraphs() {
   return absl::OkStatus();
 }
 
+bool ModelRunner::LogprobsOnDevice(int k) const {
+  return stream_->is_cuda() && k <= kMaxTopLogprobs;
+}
+
 absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> seqs,
-                                                const StepPlan* plan_in) {
+                                                const StepPlan* plan) {
+  MLAG_ASSIGN_OR_RETURN(StepTicket ticket, Launch(seqs, plan));
+  return Collect(ticket);
+}
+
+absl::StatusOr<StepTicket> ModelRunner::Launch(absl::Span<const StepSequence> seqs,
+                                               const StepPlan* plan_in) {
   const int B = static_cast<int>(seqs.size());
   int T = 0;
   bool decode_only = B > 0;
@@ -380,23 +438,9 @@ absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> s
         absl::StrCat("step plan of ", plan.rows, " rows (", plan.decode ? "decode" : "mixed",
                      ") does not fit ", B, " sequences / ", T, " tokens"));
   }
-  const bool replay = plan.decode && graphs_.count(plan.rows) > 0;
-  const int rows = plan.rows;
-  const int seq_rows = plan.decode ? plan.rows : B;
-  const int padded = replay ? plan.rows : 0;
-
-  MLAG_ASSIGN_OR_RETURN(Staging st, BeginStaging(rows, seq_rows));
+  // What a fed sequence needs (model_runner.h), checked before anything is
+  // staged.
   const int bs = config_.block_size, mb = max_blocks_per_seq_;
-  // On CUDA the top log-probabilities of rows asking for at most
-  // kMaxTopLogprobs come from the device, K columns per row; other rows copy
-  // their logits to the host.
-  const int V = model_->config().vocab_size;
-  auto logprobs_k = [&](const StepSequence& s) {
-    return s.sample ? std::max(0, std::min(s.sampling.logprobs, V)) : 0;
-  };
-  auto on_device = [&](int k) { return stream_->is_cuda() && k <= kMaxTopLogprobs; };
-  int K = 0;
-  int t = 0;
   for (int b = 0; b < B; ++b) {
     const StepSequence& s = seqs[b];
     const int n = static_cast<int>(s.new_tokens.size());
@@ -407,6 +451,40 @@ absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> s
           absl::StrCat("sequence ", b, ": ", end, " tokens do not fit its ", s.block_table.size(),
                        " blocks or max_model_len ", config_.max_model_len));
     }
+    if (s.feed_from < 0) continue;
+    if (s.feed_from >= feedable_seqs_ || n != 1 ||
+        static_cast<int>(s.stop_token_ids.size()) > kMaxFeedStopIds) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "sequence ", b, " takes the token of sequence ", s.feed_from,
+          " of the previous step, which ran ", feedable_seqs_, " sampling sequences; a fed ",
+          "sequence has one new token and at most ", kMaxFeedStopIds, " stop tokens (it has ", n,
+          " and ", s.stop_token_ids.size(), ")"));
+    }
+  }
+  const bool replay = plan.decode && graphs_.count(plan.rows) > 0;
+  const int rows = plan.rows;
+  const int seq_rows = plan.decode ? plan.rows : B;
+
+  MLAG_ASSIGN_OR_RETURN(Staging st, BeginStaging(rows, seq_rows));
+  Slot& slot = slots_[slot_];
+  InFlight& step = slot.step;
+  step = InFlight();
+  step.seqs = B;
+  step.seq_rows = seq_rows;
+  step.rows = rows;
+  step.replayed = replay;
+  step.sample.assign(B, 0);
+  step.logprobs_k.assign(B, 0);
+  // On CUDA the top log-probabilities of rows asking for at most
+  // kMaxTopLogprobs come from the device, K columns per row; other rows copy
+  // their logits to the host at Collect.
+  const int V = model_->config().vocab_size;
+  int K = 0;
+  int t = 0;
+  for (int b = 0; b < B; ++b) {
+    const StepSequence& s = seqs[b];
+    const int n = static_cast<int>(s.new_tokens.size());
+    const int end = s.start_position + n;
     for (int i = 0; i < n; ++i, ++t) {
       const int pos = s.start_position + i;
       st.ids[t] = s.new_tokens[i];
@@ -422,10 +500,19 @@ absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> s
     st.top_p[b] = s.sampling.top_p;
     st.seeds[b] = static_cast<int64_t>(s.sampling.seed);
     st.steps[b] = s.output_index;
-    const int k = logprobs_k(s);
-    st.logprobs_k[b] = on_device(k) ? k : 0;
+    if (s.feed_from >= 0) {
+      st.feed_src[b] = s.feed_from;
+      std::copy(s.stop_token_ids.begin(), s.stop_token_ids.end(),
+                st.stop_ids + int64_t{b} * kMaxFeedStopIds);
+    }
+    step.sample[b] = s.sample ? 1 : 0;
+    const int k = s.sample ? std::max(0, std::min(s.sampling.logprobs, V)) : 0;
+    step.logprobs_k[b] = k;
+    st.logprobs_k[b] = k > 0 && LogprobsOnDevice(k) ? k : 0;
+    step.host_logprobs |= k > 0 && !LogprobsOnDevice(k);
     K = std::max(K, st.logprobs_k[b]);
   }
+  step.top_k_cols = K;
   // Padding (decode plans): dummy tokens, one per padded sequence. Mixed plans
   // pad with token rows of no sequence (already dummy in the staging).
   for (int b = B; b < seq_rows; ++b) {
@@ -434,46 +521,81 @@ absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> s
   }
   MLAG_RETURN_IF_ERROR(UploadStaging(seq_rows));
 
-  StepResult result;
-  result.replayed = replay;
-  result.padded_size = rows;
   last_rows_ = seq_rows;
   if (replay) {
-    MLAG_RETURN_IF_ERROR(graphs_[padded]->Replay(*stream_));
-    ++stats_.graph_replays[padded];
+    MLAG_RETURN_IF_ERROR(graphs_[plan.rows]->Replay(*stream_));
+    ++stats_.graph_replays[plan.rows];
   } else {
     MLAG_RETURN_IF_ERROR(RunOps(Metadata(rows, seq_rows, plan.decode)));
     ++stats_.eager_steps;
   }
-  const int32_t* sampled = static_cast<const int32_t*>(sampled_host_.data());
   MLAG_RETURN_IF_ERROR(
-      stream_->CopyToHost(sampled_host_.data(), sampled_.data(), B * sizeof(int32_t)));
+      stream_->CopyToHost(slot.sampled_host.data(), sampled_.data(), B * sizeof(int32_t)));
   // Tokens [B, K] then logprobs [B, K], contiguous: one copy back.
-  const int64_t top_count = int64_t{B} * K;
   if (K > 0) {
+    const int64_t top_count = int64_t{B} * K;
     int32_t* out = static_cast<int32_t*>(top_logprobs_.data());
     const Tensor out_tokens(out, DType::kI32, {B, K}, device_->kind());
     const Tensor out_logprobs(out + top_count, DType::kF32, {B, K}, device_->kind());
     MLAG_RETURN_IF_ERROR(TopLogprobs(*stream_, Rows(model_->logits(seq_rows), B),
                                      Rows(logprobs_k_, B), out_tokens, out_logprobs));
-    MLAG_RETURN_IF_ERROR(stream_->CopyToHost(top_logprobs_host_.data(), top_logprobs_.data(),
+    MLAG_RETURN_IF_ERROR(stream_->CopyToHost(slot.top_logprobs_host.data(), top_logprobs_.data(),
                                              2 * top_count * sizeof(int32_t)));
   }
-  MLAG_RETURN_IF_ERROR(stream_->Synchronize());
-  upload_pending_ = false;
+  step.id = next_ticket_++;
+  last_launched_ = step.id;
+  feedable_seqs_ = B;
+  MLAG_RETURN_IF_ERROR(EndSlot());
+  return StepTicket{step.id};
+}
+
+bool ModelRunner::NeedsCollectBeforeNextLaunch(StepTicket ticket) const {
+  for (const Slot& slot : slots_) {
+    if (slot.step.id == ticket.id) return slot.step.host_logprobs;
+  }
+  return false;
+}
+
+absl::StatusOr<StepResult> ModelRunner::Collect(StepTicket ticket) {
+  Slot* found = nullptr;
+  uint64_t oldest = 0;
+  for (Slot& slot : slots_) {
+    if (slot.step.id == 0) continue;
+    if (oldest == 0 || slot.step.id < oldest) oldest = slot.step.id;
+    if (slot.step.id == ticket.id) found = &slot;
+  }
+  if (found == nullptr || ticket.id != oldest) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("collecting step ", ticket.id, ", which is ",
+                     found == nullptr ? "not in flight" : "not the oldest in flight"));
+  }
+  Slot& slot = *found;
+  const InFlight& step = slot.step;
+  if (step.host_logprobs && last_launched_ != step.id) {
+    return absl::FailedPreconditionError(
+        "a step whose log-probabilities come from its logits was collected after a later "
+        "launch replaced them");
+  }
+  MLAG_RETURN_IF_ERROR(slot.done->Wait());
+  const int B = step.seqs, K = step.top_k_cols;
+  const int V = model_->config().vocab_size;
+  StepResult result;
+  result.replayed = step.replayed;
+  result.padded_size = step.rows;
   result.tokens.assign(B, -1);
   result.logprobs.resize(B);
-  const int32_t* device_tokens = static_cast<const int32_t*>(top_logprobs_host_.data());
-  const float* device_logprobs = reinterpret_cast<const float*>(device_tokens + top_count);
+  const int32_t* sampled = static_cast<const int32_t*>(slot.sampled_host.data());
+  const int32_t* device_tokens = static_cast<const int32_t*>(slot.top_logprobs_host.data());
+  const float* device_logprobs = reinterpret_cast<const float*>(device_tokens + int64_t{B} * K);
   std::vector<float> row, top_logprobs;
   std::vector<int32_t> top_tokens;
   for (int b = 0; b < B; ++b) {
-    if (!seqs[b].sample) continue;
+    if (!step.sample[b]) continue;
     result.tokens[b] = sampled[b];
-    const int k = logprobs_k(seqs[b]);
+    const int k = step.logprobs_k[b];
     if (k <= 0) continue;
     // Top-k log-probabilities of the model's distribution at this position.
-    if (on_device(k)) {
+    if (LogprobsOnDevice(k)) {
       for (int i = 0; i < k; ++i) {
         const int64_t at = int64_t{b} * K + i;
         result.logprobs[b].push_back({device_tokens[at], device_logprobs[at]});
@@ -482,13 +604,15 @@ absl::StatusOr<StepResult> ModelRunner::Execute(absl::Span<const StepSequence> s
     }
     row.resize(V);
     MLAG_RETURN_IF_ERROR(stream_->CopyToHost(
-        row.data(), static_cast<const float*>(model_->logits(seq_rows).data()) + int64_t{b} * V,
+        row.data(),
+        static_cast<const float*>(model_->logits(step.seq_rows).data()) + int64_t{b} * V,
         V * sizeof(float)));  // into pageable memory: returns with the data
     top_tokens.resize(k);
     top_logprobs.resize(k);
     const int n = host::TopLogprobs(row.data(), V, k, top_tokens.data(), top_logprobs.data());
     for (int i = 0; i < n; ++i) result.logprobs[b].push_back({top_tokens[i], top_logprobs[i]});
   }
+  slot.step = InFlight();
   return result;
 }
 

@@ -13,6 +13,13 @@
 // sizes, so that both modes do the same arithmetic (host sgemm and the MoE
 // grouping are not batch-invariant to the last bit).
 //
+// Launch and Collect split a step in two, so the host can plan and launch
+// step N+1 while step N runs (the engine's overlapped loop): each step
+// stages its inputs in one of two pinned staging slots and copies its
+// results back into that slot's pinned memory, then records the slot's
+// event; Collect waits for that event only. A step may take a token the
+// step before it sampled straight from the device (StepSequence::feed_from).
+//
 // Dummy runs (DummyStep) use the same path with every row a padding row. They
 // are how warm-up and capture run, and how an idle expert-parallel rank or a
 // reconfiguration exercises the graphs, and they never touch a live KV page:
@@ -65,6 +72,13 @@ struct StepSequence {
   bool sample = false;                   // sample a token from the last position
   SamplingParams sampling;
   int64_t output_index = 0;  // RNG step: number of tokens generated so far
+  // >= 0: new_tokens is one placeholder for the token the previous step
+  // launched sampled for its sequence `feed_from`, not yet known to the host.
+  // The step reads it on the device (FeedSampledTokens), and writes no KV for
+  // it when it is one of stop_token_ids (at most kMaxFeedStopIds): the
+  // request ended on it.
+  int feed_from = -1;
+  absl::Span<const int32_t> stop_token_ids;
 };
 
 // The shape a step runs with. decode: every sequence has one token and the
@@ -81,6 +95,11 @@ struct StepResult {
   std::vector<std::vector<TokenLogprob>> logprobs;  // per sequence, when asked for
   bool replayed = false;                            // a captured graph ran
   int padded_size = 0;                              // rows the step ran with
+};
+
+// A launched step, to be collected (ModelRunner::Collect) in launch order.
+struct StepTicket {
+  uint64_t id = 0;
 };
 
 struct RunnerStats {
@@ -118,8 +137,30 @@ class ModelRunner {
   // Runs one step over `seqs` (at most max_num_seqs, at most
   // max_num_batched_tokens tokens in all) with `plan` (nullptr: Plan(seqs)).
   // A plan may only add padding: plan->rows >= what `seqs` needs.
+  // Launch then Collect.
   absl::StatusOr<StepResult> Execute(absl::Span<const StepSequence> seqs,
                                      const StepPlan* plan = nullptr);
+
+  // Stages and launches one step (as Execute) without waiting for it. At
+  // most two steps are in flight: FailedPrecondition for a third. A
+  // sequence with feed_from >= 0 needs the previous run of this runner to
+  // have been a launched step (not a dummy step or a capture) with a
+  // sequence of that index, one new token and at most kMaxFeedStopIds stop
+  // tokens.
+  absl::StatusOr<StepTicket> Launch(absl::Span<const StepSequence> seqs,
+                                    const StepPlan* plan = nullptr);
+  // Waits for the oldest step in flight, which `ticket` must name, and
+  // returns its results. A step with host-computed log-probabilities (more
+  // than kMaxTopLogprobs, or any on the host device) reads its logits here:
+  // FailedPrecondition if a later step has been launched since
+  // (NeedsCollectBeforeNextLaunch tells).
+  absl::StatusOr<StepResult> Collect(StepTicket ticket);
+  // Whether `ticket`'s results must be collected before another launch.
+  bool NeedsCollectBeforeNextLaunch(StepTicket ticket) const;
+  int steps_in_flight() const;
+  // Whether a sampled row asking for k log-probabilities gets them from the
+  // device (CUDA, k <= kMaxTopLogprobs) rather than from its logits.
+  bool LogprobsOnDevice(int k) const;
 
   // A run of dummy rows only: `plan.rows` padding sequences (decode layout:
   // the graph of that size when captured) or token rows of no sequence.
@@ -168,21 +209,29 @@ class ModelRunner {
   AttentionMetadata Metadata(int num_tokens, int num_seqs, bool decode_only) const;
   // The static inputs of one step, written in the pinned staging buffer.
   struct Staging {
-    int32_t *ids, *positions, *block_table, *seq_lens, *qsl, *logits_idx, *top_k, *logprobs_k;
+    int32_t *ids, *positions, *block_table, *seq_lens, *qsl, *logits_idx, *top_k, *logprobs_k,
+        *feed_src, *stop_ids;
     int64_t *slots, *seeds, *steps;
     float *temperature, *top_p;
   };
-  // Views of the staging buffer, one per static input buffer.
+  // Views of a staging buffer, one per static input buffer.
   struct StagedInputs {
     Tensor input_ids, positions, slot_mapping, block_table, seq_lens, query_start_loc,
-        logits_indices, temperature, top_k, top_p, seeds, steps, logprobs_k;
+        logits_indices, temperature, top_k, top_p, seeds, steps, logprobs_k, feed_src, stop_ids;
   };
-  // The staging buffer, with dummy values in `rows` token rows and `seqs`
-  // sequence rows; waits for the previous upload from it first.
+  // The next staging slot's buffer, with dummy values in `rows` token rows
+  // and `seqs` sequence rows; waits for the slot's last use first.
   absl::StatusOr<Staging> BeginStaging(int rows, int seqs);
-  // Copies the staging buffer into the static buffers, block table rows
-  // [0, seqs) only (one async copy on the runner's stream).
+  // Copies the slot's staging buffer into the static buffers, block table
+  // rows [0, seqs) only (one async copy on the runner's stream).
   absl::Status UploadStaging(int seqs);
+  // Ends the slot's use: records its event (after the copies that read or
+  // write its host memory) and moves to the other slot.
+  absl::Status EndSlot();
+  // FailedPrecondition naming `what` while a step is in flight: dummy runs,
+  // captures and metadata swaps wait for the stream and replace the sampled
+  // tokens, so the engine collects its steps first.
+  absl::Status RefuseWhileInFlight(absl::string_view what) const;
   // Writes a dummy step of `plan` into the static buffers.
   absl::Status FillDummy(const StepPlan& plan);
   // Forward + sampling on the static buffers (eager or recorded).
@@ -201,20 +250,48 @@ class ModelRunner {
   std::vector<Buffer> buffers_;
   std::vector<Tensor> kv_caches_;  // per layer [num_blocks, block_size, row]
   Buffer inputs_;                  // the static input buffers, on the device
-  Buffer staging_;                 // pinned host memory of the same layout
-  StagedInputs staged_;
   size_t block_table_offset_ = 0;  // of the block table, the last field, in inputs_
-  bool upload_pending_ = false;    // an upload from staging_ may still be queued
-  Buffer sampled_host_;            // pinned [max_seq_rows] i32: the sampled tokens
-  // CUDA only: the step's top log-probabilities, tokens i32 [B, K] then
-  // logprobs f32 [B, K] (K the step's largest k), on the device and pinned on
-  // the host; room for max_num_seqs * kMaxTopLogprobs of each.
-  Buffer top_logprobs_, top_logprobs_host_;
+  // What a launched step needs at Collect.
+  struct InFlight {
+    uint64_t id = 0;  // 0: none
+    int seqs = 0;     // B
+    int seq_rows = 0;
+    int top_k_cols = 0;           // K of the device's top log-probabilities
+    std::vector<char> sample;     // per sequence
+    std::vector<int> logprobs_k;  // per sequence (0: none)
+    bool host_logprobs = false;   // some row's come from the logits, on the host
+    bool replayed = false;
+    int rows = 0;
+  };
+  // A staging slot: the pinned memory one step's inputs and results travel
+  // through, and the event after its last copy.
+  struct Slot {
+    Buffer staging;       // pinned, the layout of inputs_
+    StagedInputs staged;  // views of it
+    Buffer sampled_host;  // pinned [max_seq_rows] i32: the sampled tokens
+    // CUDA only: the step's top log-probabilities, tokens i32 [B, K] then
+    // logprobs f32 [B, K] (K the step's largest k), pinned; room for
+    // max_num_seqs * kMaxTopLogprobs of each.
+    Buffer top_logprobs_host;
+    std::unique_ptr<StreamEvent> done;
+    InFlight step;
+  };
+  Slot slots_[2];
+  int slot_ = 0;  // the slot the next staging uses
+  uint64_t next_ticket_ = 1;
+  uint64_t last_launched_ = 0;  // the last step launched, while in flight
+  // Sequences of the last run whose sampled tokens are still in sampled_
+  // (what feed_from may name): 0 after a dummy run or a capture.
+  int feedable_seqs_ = 0;
+  // CUDA only: the device side of the top log-probabilities.
+  Buffer top_logprobs_;
   // Static input buffers.
   Tensor input_ids_, positions_, slot_mapping_;                       // [max_rows]
   Tensor block_table_, seq_lens_, query_start_loc_, logits_indices_;  // per sequence
   Tensor temperature_, top_k_, top_p_, seeds_, steps_, sampled_;      // per sequence
   Tensor logprobs_k_;  // per sequence: k of the device's top log-probabilities (0: none)
+  Tensor feed_src_;    // per sequence: the row of sampled_ its token comes from (-1: none)
+  Tensor stop_ids_;    // per sequence [kMaxFeedStopIds]: stops of a fed token (-1: unused)
   std::map<int, std::unique_ptr<Graph>> graphs_;
   std::vector<std::vector<char>> saved_metadata_;
   RunnerStats stats_;

@@ -46,6 +46,10 @@ struct Request {
   std::vector<int32_t> tokens;
   int num_prompt_tokens = 0;
   int num_computed_tokens = 0;
+  // Tokens sampled by a launched step whose results the host has not yet
+  // collected (the overlapped loop: 0 or 1). They follow `tokens`; the
+  // scheduler counts them, and num_computed_tokens may already cover them.
+  int num_pending_tokens = 0;
   RequestState state = RequestState::kWaiting;
   FinishReason finish_reason = FinishReason::kNone;
   int num_preemptions = 0;

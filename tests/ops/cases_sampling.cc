@@ -1,5 +1,5 @@
-// Cases of Sample and TopLogprobs (kernels/sampling.h): every token exact on
-// every backend.
+// Cases of Sample, TopLogprobs and FeedSampledTokens (kernels/sampling.h):
+// every token exact on every backend.
 //
 // The sampling rule is kernels/common/sampling_math.h's: tokens ranked by
 // logit (higher first, the lower id among equal logits, NaN below -inf, -0
@@ -473,9 +473,89 @@ void TopLogprobsCase(Context& ctx, int64_t B, int64_t V, int64_t K, std::vector<
   EXPECT_EQ(over, 0) << "logprobs beyond a float ulp plus the log-sum-exp's rounding; " << first;
 }
 
+// FeedSampledTokens on B sequences of 1-3 token rows each: every third
+// takes a token from prev_tokens (P of them), some of those with the token
+// among their stop ids (slot -1), some with it only beyond the first -1
+// entries or as a negative id; sources outside prev_tokens are left alone.
+// The reference is the contract in kernels/sampling.h, in plain code.
+void FeedCase(Context& ctx, int64_t B, int64_t P) {
+  std::mt19937 rng(ctx.NextSeed());
+  const int S = kMaxFeedStopIds;
+  std::vector<int32_t> qsl(Index(B + 1), 0);
+  for (int64_t b = 0; b < B; ++b)
+    qsl[Index(b + 1)] = qsl[Index(b)] + 1 + static_cast<int>(rng() % 3);
+  const int64_t T = qsl[Index(B)];
+  std::vector<int32_t> prev(Index(P)), src(Index(B), -1), stops(Index(B * S), -1);
+  for (int32_t& t : prev) t = static_cast<int32_t>(rng() % 50);  // repeats: stop hits
+  for (int64_t b = 0; b < B; ++b) {
+    if (b % 3 != 0) continue;
+    // In range mostly; one in 7 past the end, one in 11 negative.
+    src[Index(b)] = b % 7 == 6    ? static_cast<int32_t>(P + b)
+                    : b % 11 == 9 ? -2
+                                  : static_cast<int32_t>(rng() % P);
+    const int n = static_cast<int>(rng() % (S + 1));
+    for (int i = 0; i < n; ++i) stops[Index(b * S + i)] = static_cast<int32_t>(rng() % 50);
+    if (b % 2 == 0 && n > 0 && src[Index(b)] >= 0 && src[Index(b)] < P) {
+      stops[Index(b * S + rng() % n)] = prev[Index(src[Index(b)])];  // a stop
+    }
+  }
+  auto upload = [&](const std::string& name, const std::vector<int32_t>& v,
+                    std::vector<int64_t> shape) -> Buf& {
+    Buf& buf = ctx.Make(name, DType::kI32, std::move(shape), 0, 1, 2);
+    for (size_t i = 0; i < v.size(); ++i) buf.HostData<int32_t>()[i] = v[i];
+    ctx.Upload(buf);
+    return buf;
+  };
+  Buf& src_buf = upload("src", src, {B});
+  Buf& stop_buf = upload("stop_ids", stops, {B, S});
+  Buf& qsl_buf = upload("query_start_loc", qsl, {B + 1});
+  Buf& prev_buf = upload("prev_tokens", prev, {P});
+  Buf& ids = ctx.Make("input_ids", DType::kI32, {T}, 0, 2, 1);
+  Buf& slots = ctx.Make("slot_mapping", DType::kI64, {T}, 0, 1, 2);
+  std::vector<int64_t> want_ids(Index(T)), want_slots(Index(T));
+  for (int64_t t = 0; t < T; ++t) {
+    want_ids[Index(t)] = 1000 + t;
+    want_slots[Index(t)] = 5000 + 3 * t;
+    ids.HostData<int32_t>()[t] = static_cast<int32_t>(want_ids[Index(t)]);
+    slots.HostData<int64_t>()[t] = want_slots[Index(t)];
+  }
+  ctx.Upload(ids);
+  ctx.Upload(slots);
+  int fed = 0, stopped = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t from = src[Index(b)];
+    if (from < 0 || from >= P) continue;
+    const int64_t t = qsl[Index(b)];
+    want_ids[Index(t)] = prev[Index(from)];
+    ++fed;
+    for (int i = 0; i < S; ++i) {
+      if (stops[Index(b * S + i)] >= 0 && stops[Index(b * S + i)] == prev[Index(from)]) {
+        want_slots[Index(t)] = -1;
+      }
+    }
+    stopped += want_slots[Index(t)] == -1;
+  }
+  ASSERT_GT(fed, 0);
+  if (B >= 30) {
+    ASSERT_GT(stopped, 0);
+  }
+  ctx.RunOp({&ids, &slots},
+            [&](Stream& s) {
+              return FeedSampledTokens(s, src_buf.t, stop_buf.t, qsl_buf.t, prev_buf.t, ids.t,
+                                       slots.t);
+            },
+            true, {&ids, &slots});
+  ctx.ExpectInts(ids, want_ids);
+  ctx.ExpectInts(slots, want_slots);
+}
+
 }  // namespace
 
 void AddSamplingCases(CaseList& cases) {
+  for (auto [B, P] : {std::pair<int64_t, int64_t>{1, 1}, {7, 3}, {40, 40}, {300, 97}}) {
+    cases.Add("feed_sampled", absl::StrCat(B, " sequences from ", P, " tokens"),
+              [B = B, P = P](Context& ctx) { FeedCase(ctx, B, P); });
+  }
   cases.Add("sample", "greedy is argmax lowest id on ties", GreedyCase);
   struct Dist {
     const char* name;

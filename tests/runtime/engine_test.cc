@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/runtime/overlap_checks.h"
 #include "tests/status_matchers.h"
 
 namespace mlag {
@@ -357,6 +358,33 @@ TEST(EngineTest, AbortAndStopTokens) {
   EXPECT_EQ(rc->finish_reason, FinishReason::kStop);
   const size_t first = std::find(full.begin(), full.end(), full[2]) - full.begin();
   EXPECT_EQ(rc->output_tokens(), std::vector<int32_t>(full.begin(), full.begin() + first + 1));
+}
+
+// The overlapped loop on the host (whose stream runs each launch at once,
+// so the loop's bookkeeping is what is checked): the step-by-step loop's
+// tokens, log-probabilities and finish reasons, with 12 blocks of KV for 40
+// requests (preemption) and a 48-token budget (chunked prefills).
+TEST(EngineTest, OverlappedLoopMatchesStepByStep) {
+  EngineOptions o = TinyOptions(GraphMode::kFullDecode);
+  o.kv_cache_bytes = 13 * 16 * 4 * 80 * sizeof(float);
+  o.max_num_batched_tokens = 48;
+  o.max_num_seqs = 16;
+  testing::ExpectOverlapMatchesStepByStep(o, 40, 11);
+}
+
+TEST(EngineTest, OverlappedLoopWritesNoKvForAStopToken) {
+  for (int at : {0, 1, 2, 3})
+    testing::ExpectStopTokenWritesNoKv(TinyOptions(GraphMode::kFullDecode), at);
+}
+
+TEST(EngineTest, StepOverlapOptionIsChecked) {
+  EngineOptions o = TinyOptions(GraphMode::kFullDecode);
+  EXPECT_FALSE(Engine::Create(o).value()->overlapped());  // auto: off on the host
+  o.step_overlap = "sometimes";
+  auto bad = Engine::Create(o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("step overlap 'sometimes'"), std::string::npos)
+      << bad.status();
 }
 
 }  // namespace
