@@ -50,6 +50,7 @@ for model in tiny-v3 tiny-v2; do
   else
     bad "$model: the CUDA run did not overlap its steps"
   fi
+  [ "$model" = tiny-v3 ] || continue  # the loop without overlap: once is enough
   if MLAG_EMULATED_GPUS=1 "$MLAG" "${args[@]}" --device cuda --step-overlap off >"$TMP/cuda_off.json" 2>"$TMP/err" &&
      grep -q '"overlapped_steps":0' "$TMP/cuda_off.json" &&
      [ "$(tokens "$TMP/cuda_off.json")" = "$(tokens "$TMP/host.json")" ]; then

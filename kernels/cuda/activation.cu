@@ -12,6 +12,7 @@ constexpr int64_t kMaxGridX = 1 << 20;
 __global__ void __launch_bounds__(kThreads)
     SiluAndMulKernel(const void* gate_up, DType in_dtype, int64_t in_row_stride, void* out,
                      DType out_dtype, int64_t out_row_stride, int64_t rows, int64_t inter) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // first: launched with PDL (cuda_api.cuh)
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < inter;
          i += int64_t(gridDim.x) * kThreads) {
@@ -34,7 +35,7 @@ cudaError_t LaunchSiluAndMul(const void* gate_up, DType in_dtype, int64_t in_row
   const int64_t gx = (inter + kThreads - 1) / kThreads;
   const dim3 grid(static_cast<unsigned int>(gx < kMaxGridX ? gx : kMaxGridX),
                   static_cast<unsigned int>(rows < kMaxGridY ? rows : kMaxGridY));
-  MLAG_LAUNCH(SiluAndMulKernel, grid, kThreads, 0, stream)
+  MLAG_LAUNCH_PDL(SiluAndMulKernel, grid, kThreads, 0, stream)
   (gate_up, in_dtype, in_row_stride, out, out_dtype, out_row_stride, rows, inter);
   return cudaGetLastError();
 }

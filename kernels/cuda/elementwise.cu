@@ -11,6 +11,7 @@ int Blocks(int64_t n) {
 }
 
 __global__ void FillKernel(void* data, DType dtype, int64_t n, double value) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // first: launched with PDL (cuda_api.cuh)
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     if (dtype == DType::kI32) {
@@ -25,6 +26,7 @@ __global__ void FillKernel(void* data, DType dtype, int64_t n, double value) {
 
 __global__ void ScaleKernel(const void* x, DType x_dtype, float alpha, void* y, DType y_dtype,
                             int64_t n) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // first: launched with PDL (cuda_api.cuh)
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     StoreFromF32(y_dtype, y, i, alpha * LoadAsF32(x_dtype, x, i));
@@ -33,6 +35,7 @@ __global__ void ScaleKernel(const void* x, DType x_dtype, float alpha, void* y, 
 
 __global__ void AddKernel(const void* a, DType a_dtype, const void* b, DType b_dtype, void* out,
                           DType out_dtype, int64_t n) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // first: launched with PDL (cuda_api.cuh)
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     StoreFromF32(out_dtype, out, i, LoadAsF32(a_dtype, a, i) + LoadAsF32(b_dtype, b, i));
@@ -43,21 +46,22 @@ __global__ void AddKernel(const void* a, DType a_dtype, const void* b, DType b_d
 
 cudaError_t LaunchFill(void* data, DType dtype, int64_t n, double value, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  MLAG_LAUNCH(FillKernel, Blocks(n), kThreads, 0, stream)(data, dtype, n, value);
+  MLAG_LAUNCH_PDL(FillKernel, Blocks(n), kThreads, 0, stream)(data, dtype, n, value);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchScale(const void* x, DType x_dtype, float alpha, void* y, DType y_dtype,
                         int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  MLAG_LAUNCH(ScaleKernel, Blocks(n), kThreads, 0, stream)(x, x_dtype, alpha, y, y_dtype, n);
+  MLAG_LAUNCH_PDL(ScaleKernel, Blocks(n), kThreads, 0, stream)(x, x_dtype, alpha, y, y_dtype, n);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchAdd(const void* a, DType a_dtype, const void* b, DType b_dtype, void* out,
                       DType out_dtype, int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  MLAG_LAUNCH(AddKernel, Blocks(n), kThreads, 0, stream)(a, a_dtype, b, b_dtype, out, out_dtype, n);
+  MLAG_LAUNCH_PDL(AddKernel, Blocks(n), kThreads, 0, stream)
+  (a, a_dtype, b, b_dtype, out, out_dtype, n);
   return cudaGetLastError();
 }
 

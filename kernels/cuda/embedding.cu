@@ -15,6 +15,7 @@ __global__ void __launch_bounds__(kThreads)
                      const void* table, DType table_dtype, int64_t table_rows,
                      int64_t table_row_stride, void* out, DType out_dtype, int64_t out_row_stride,
                      int64_t num_rows, int64_t dim) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // first: launched with PDL (cuda_api.cuh)
   for (int64_t t = blockIdx.y; t < num_rows; t += gridDim.y) {
     const int64_t id = indices_are_i64 ? static_cast<const int64_t*>(indices)[t * index_stride]
                                        : static_cast<const int32_t*>(indices)[t * index_stride];
@@ -55,7 +56,7 @@ cudaError_t LaunchGatherRows(const void* indices, bool indices_are_i64, int64_t 
   const int64_t gx = (dim + kThreads - 1) / kThreads;
   const dim3 grid(static_cast<unsigned int>(gx < kMaxGridX ? gx : kMaxGridX),
                   static_cast<unsigned int>(num_rows < kMaxGridY ? num_rows : kMaxGridY));
-  MLAG_LAUNCH(GatherRowsKernel, grid, kThreads, 0, stream)
+  MLAG_LAUNCH_PDL(GatherRowsKernel, grid, kThreads, 0, stream)
   (indices, indices_are_i64, index_stride, table, table_dtype, table_rows, table_row_stride, out,
    out_dtype, out_row_stride, num_rows, dim);
   return cudaGetLastError();

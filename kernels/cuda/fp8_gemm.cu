@@ -19,6 +19,7 @@ __global__ void __launch_bounds__(kQuantThreads)
     QuantizeFp8RowsKernel(const float* x, int64_t rows, int64_t cols, int64_t ld, uint8_t* qx,
                           int64_t pitch, float* sx, int64_t sx_row_stride,
                           int64_t sx_block_stride) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // first: launched with PDL (cuda_api.cuh)
   __shared__ float amax[kQuantThreads];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kFp8GemmBlockK + threadIdx.x;
   for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
@@ -60,6 +61,7 @@ constexpr int kSumThreads = 256;
 __global__ void __launch_bounds__(kSumThreads)
     SumSplitsKernel(const float* __restrict__ part, int splits, int64_t rows, int64_t out,
                     float* __restrict__ y, int64_t ldy) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // first: launched with PDL (cuda_api.cuh)
   const int64_t n = rows * out;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -87,7 +89,7 @@ cudaError_t LaunchQuantizeFp8Rows(const float* x, int64_t rows, int64_t cols, in
   if (ScaleBlocks(cols) > 0x7fffffff) return cudaErrorInvalidValue;  // grid x
   const dim3 grid(static_cast<unsigned>(ScaleBlocks(cols)),
                   static_cast<unsigned>(rows < 65535 ? rows : 65535));
-  MLAG_LAUNCH(QuantizeFp8RowsKernel, grid, kQuantThreads, 0, stream)
+  MLAG_LAUNCH_PDL(QuantizeFp8RowsKernel, grid, kQuantThreads, 0, stream)
   (x, rows, cols, ld, qx, Fp8QuantizedPitch(cols), sx, ScaleBlocks(cols), 1);
   return cudaGetLastError();
 }
@@ -99,7 +101,7 @@ cudaError_t LaunchQuantizeFp8RowsVec128(const float* x, int64_t rows, int64_t co
   if (ScaleBlocks(cols) > 0x7fffffff || sx_ld < rows) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(ScaleBlocks(cols)),
                   static_cast<unsigned>(rows < 65535 ? rows : 65535));
-  MLAG_LAUNCH(QuantizeFp8RowsKernel, grid, kQuantThreads, 0, stream)
+  MLAG_LAUNCH_PDL(QuantizeFp8RowsKernel, grid, kQuantThreads, 0, stream)
   (x, rows, cols, ld, qx, Fp8QuantizedPitch(cols), sx, 1, sx_ld);
   return cudaGetLastError();
 }
@@ -157,7 +159,7 @@ cudaError_t LaunchFp8BlockGemm(const uint8_t* qx, const float* sx, const uint8_t
   if (err != cudaSuccess || splits == 1) return err;
   const int64_t n = rows * out;
   const int64_t grid = std::min<int64_t>((n + kSumThreads - 1) / kSumThreads, 65535 * 8);
-  MLAG_LAUNCH(SumSplitsKernel, static_cast<unsigned>(grid), kSumThreads, 0, stream)
+  MLAG_LAUNCH_PDL(SumSplitsKernel, static_cast<unsigned>(grid), kSumThreads, 0, stream)
   (partials, splits, rows, out, y, ldy);
   return cudaGetLastError();
 }

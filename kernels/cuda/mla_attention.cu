@@ -249,6 +249,7 @@ constexpr size_t DynamicSmemBytes(int pitch) {
 // compile time (576: DeepSeek's 512 + 64, with 16-byte loads).
 template <typename CacheT, int kPitch>
 __global__ void __launch_bounds__(kThreads, 1) MlaAttendKernel(const KernelParams p) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // first: launched with PDL (cuda_api.cuh)
   constexpr int kTile = Tile<CacheT>::kRows;
   constexpr int kChunk = 16 / static_cast<int>(sizeof(CacheT));  // elements per 16 bytes
   constexpr int kPlanes = kChunk / 4;  // float4 planes a query chunk is stored in
@@ -470,6 +471,7 @@ __device__ int SplitTokens(long long total, int extra) {
 __global__ void __launch_bounds__(kPlanThreads)
     MlaDecodePlanKernel(const int32_t* __restrict__ seq_lens, int num_seqs, int capacity, int extra,
                         int* __restrict__ plan) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // first: launched with PDL (cuda_api.cuh)
   using Reduce = cub::BlockReduce<long long, kPlanThreads>;
   using Scan = cub::BlockScan<int, kPlanThreads>;
   __shared__ union {
@@ -512,6 +514,7 @@ __global__ void __launch_bounds__(kCombineThreads)
     MlaDecodeCombineKernel(const int* __restrict__ plan, const float* __restrict__ part_out,
                            const float* __restrict__ part_lse, int heads, int rkv,
                            float* __restrict__ out, float* __restrict__ lse) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // first: launched with PDL (cuda_api.cuh)
   const int b = static_cast<int>(blockIdx.x);
   const int h = static_cast<int>(blockIdx.y);
   const int tid = static_cast<int>(threadIdx.x);
@@ -559,6 +562,7 @@ __global__ void __launch_bounds__(128)
     MlaPrefillClearKernel(const int32_t* __restrict__ query_start_loc, int num_seqs,
                           int64_t row_floats, int heads, float* __restrict__ out,
                           float* __restrict__ lse) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // first: launched with PDL (cuda_api.cuh)
   const int64_t r = blockIdx.x;
   if (r >= query_start_loc[0] && r < query_start_loc[num_seqs]) return;
   for (int64_t i = threadIdx.x; i < row_floats; i += blockDim.x) out[r * row_floats + i] = 0.0f;
@@ -601,7 +605,7 @@ cudaError_t LaunchAttend(const KernelParams& p, unsigned grid, cudaStream_t stre
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  MLAG_LAUNCH(kernel, grid, kThreads, smem, stream)(p);
+  MLAG_LAUNCH_PDL(kernel, grid, kThreads, smem, stream)(p);
   return cudaGetLastError();
 }
 
@@ -683,7 +687,7 @@ cudaError_t LaunchDecodeAttend(const KernelParams& p, unsigned grid, int device,
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  MLAG_LAUNCH(kernel, grid, kThreads, smem, stream)(p);
+  MLAG_LAUNCH_PDL(kernel, grid, kThreads, smem, stream)(p);
   return cudaGetLastError();
 }
 
@@ -720,16 +724,16 @@ cudaError_t LaunchMlaDecode(const MlaAttentionArgs& a, void* workspace, size_t w
     p.plan = reinterpret_cast<int*>(base);
     p.part_lse = reinterpret_cast<float*>(base + l.lse_offset);
     p.part_out = reinterpret_cast<float*>(base + l.out_offset);
-    MLAG_LAUNCH(MlaDecodePlanKernel, 1, kPlanThreads, 0, stream)
+    MLAG_LAUNCH_PDL(MlaDecodePlanKernel, 1, kPlanThreads, 0, stream)
     (a.seq_lens, num_seqs, p.capacity, extra, reinterpret_cast<int*>(base));
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
   err = LaunchDecodeAttend(p, static_cast<unsigned>(num_items * p.head_groups), device, stream);
   if (err != cudaSuccess || extra == 0) return err;
-  MLAG_LAUNCH(MlaDecodeCombineKernel,
-              dim3(static_cast<unsigned>(num_seqs), static_cast<unsigned>(a.heads)),
-              kCombineThreads, 0, stream)
+  MLAG_LAUNCH_PDL(MlaDecodeCombineKernel,
+                  dim3(static_cast<unsigned>(num_seqs), static_cast<unsigned>(a.heads)),
+                  kCombineThreads, 0, stream)
   (p.plan, p.part_out, p.part_lse, static_cast<int>(a.heads), static_cast<int>(a.rkv), a.out_latent,
    a.lse);
   return cudaGetLastError();
@@ -740,7 +744,7 @@ cudaError_t LaunchMlaPrefill(const MlaAttentionArgs& a, cudaStream_t stream) {
   if (a.num_rows == 0) return cudaSuccess;
   KernelParams p = BaseParams(a);
   p.prefill = 1;
-  MLAG_LAUNCH(MlaPrefillClearKernel, static_cast<unsigned>(a.num_rows), 128, 0, stream)
+  MLAG_LAUNCH_PDL(MlaPrefillClearKernel, static_cast<unsigned>(a.num_rows), 128, 0, stream)
   (a.query_start_loc, static_cast<int>(a.num_seqs), a.heads * a.rkv, static_cast<int>(a.heads),
    a.out_latent, a.lse);
   cudaError_t err = cudaGetLastError();

@@ -111,6 +111,7 @@ __device__ __forceinline__ void LoadMmaTile(const KernelParams& p, const BlockIt
 // f32 kernel in decode mode.
 template <bool kSplitQ>
 __global__ void __launch_bounds__(kThreads, 1) MlaDecodeMmaKernel(const KernelParams p) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // first: launched with PDL (cuda_api.cuh)
   MLAG_DYNAMIC_SMEM(unsigned char, smem_raw);
   const int rkv = static_cast<int>(p.a.rkv);
   const int width = rkv + static_cast<int>(p.a.dr);

@@ -85,6 +85,7 @@ __global__ void __launch_bounds__(kThreads)
                       const SrcPe* __restrict__ k_pe, int64_t k_pe_row_stride,
                       const int64_t* __restrict__ slot_mapping, int64_t slot_mapping_stride,
                       Dst* __restrict__ cache, int64_t num_slots, int rkv, int dr) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // first: launched with PDL (cuda_api.cuh)
   const int64_t t = blockIdx.x;
   const int64_t slot = slot_mapping[t * slot_mapping_stride];
   if (slot < 0 || slot >= num_slots) return;  // dummy/padding row, or out of range
@@ -134,6 +135,7 @@ __device__ __forceinline__ void WriteLatent(const SrcC* x, Dst* row, int rkv,
 
 template <typename SrcC, typename Dst, bool kNorm>
 __global__ void __launch_bounds__(kRopeKvThreads) MlaRopeKvUpdateKernel(const RopeKvUpdateArgs a) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // first: launched with PDL (cuda_api.cuh)
   const int64_t t = blockIdx.x;
   const int64_t p = a.positions[t * a.position_stride];
   const bool rotate = p >= 0 && p < a.table_rows;  // else left unchanged, as ApplyRope
@@ -172,7 +174,7 @@ template <typename SrcC, typename Dst>
 cudaError_t LaunchRopeKv(const RopeKvUpdateArgs& a, cudaStream_t stream) {
   auto* const kernel = a.norm_weight != nullptr ? MlaRopeKvUpdateKernel<SrcC, Dst, true>
                                                 : MlaRopeKvUpdateKernel<SrcC, Dst, false>;
-  MLAG_LAUNCH(kernel, static_cast<unsigned>(a.num_tokens), kRopeKvThreads, 0, stream)(a);
+  MLAG_LAUNCH_PDL(kernel, static_cast<unsigned>(a.num_tokens), kRopeKvThreads, 0, stream)(a);
   return cudaGetLastError();
 }
 
@@ -192,7 +194,7 @@ struct KvArgs {
 template <typename SrcC, typename SrcPe, typename Dst>
 cudaError_t Launch(const KvArgs& a, cudaStream_t stream) {
   auto* const kernel = MlaKvUpdateKernel<SrcC, SrcPe, Dst>;
-  MLAG_LAUNCH(kernel, static_cast<unsigned>(a.num_tokens), kThreads, 0, stream)
+  MLAG_LAUNCH_PDL(kernel, static_cast<unsigned>(a.num_tokens), kThreads, 0, stream)
   (static_cast<const SrcC*>(a.kv_c), a.kv_c_row_stride, static_cast<const SrcPe*>(a.k_pe),
    a.k_pe_row_stride, a.slot_mapping, a.slot_mapping_stride, static_cast<Dst*>(a.cache),
    a.num_slots, a.rkv, a.dr);

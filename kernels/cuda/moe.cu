@@ -168,6 +168,7 @@ __global__ void __launch_bounds__(kRouteMaxWarps* kWarpSize)
     MoeRouteKernel(MoeRouteParams p, const float* __restrict__ logits, int64_t ld,
                    const float* __restrict__ bias, int64_t num_tokens, int32_t* __restrict__ ids,
                    float* __restrict__ weights) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // first: launched with PDL (cuda_api.cuh)
   MLAG_DYNAMIC_SMEM(float, route_smem);
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + warp;
@@ -199,6 +200,7 @@ __global__ void __launch_bounds__(kGateWarps* kWarpSize)
                        const float* __restrict__ w, int64_t D, const float* __restrict__ bias,
                        int64_t num_tokens, float* logits, int64_t ld, int32_t* counter,
                        int32_t* __restrict__ ids, float* __restrict__ weights) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // first: launched with PDL (cuda_api.cuh)
   MLAG_DYNAMIC_SMEM(float, gate_smem);
   __shared__ float quarter[kGateWarps][kMoeGateRouteMaxTokens];
   __shared__ int last;
@@ -286,6 +288,7 @@ __global__ void __launch_bounds__(kPlanThreads)
                   const int32_t* __restrict__ map, int E, int L, int bm,
                   int32_t* __restrict__ offsets, int32_t* __restrict__ tile_offsets,
                   int32_t* __restrict__ row_of, int32_t* __restrict__ token_of_row) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // first: launched with PDL (cuda_api.cuh)
   using BlockScan = cub::BlockScan<int32_t, kPlanThreads>;
   MLAG_DYNAMIC_SMEM(int32_t, cursor);  // counts, then the next free row per slot
   __shared__ int32_t chunk_slot[kPlanThreads];
@@ -399,6 +402,7 @@ __device__ __forceinline__ float WeightAsF32(const uint8_t* w, const float* s, i
 // WT: the weights' storage type, float, uint16_t (bf16) or uint8_t (fp8).
 template <int BM, int BN, int BK, int TM, int TN, bool kGateUp, typename WT>
 __global__ void __launch_bounds__((BM / TM) * (BN / TN)) MoeGroupedGemmKernel(GroupedGemmArgs p) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // first: launched with PDL (cuda_api.cuh)
   constexpr int kThreads = (BM / TM) * (BN / TN);
   constexpr int kColThreads = BN / TN;
   constexpr int kALoads = BM * BK / kThreads;
@@ -538,7 +542,7 @@ cudaError_t LaunchGroupedGemm(const TileConfig& cfg, const GroupedGemmArgs& p, i
   auto* const kernel = cfg.bm == kLargeTiles.bm
                            ? MoeGroupedGemmKernel<64, kTileN, kTileK, 4, 4, kGateUp, WT>
                            : MoeGroupedGemmKernel<16, kTileN, kTileK, 1, 4, kGateUp, WT>;
-  MLAG_LAUNCH(kernel, grid, 256, 0, stream)(p);
+  MLAG_LAUNCH_PDL(kernel, grid, 256, 0, stream)(p);
   return cudaGetLastError();
 }
 
@@ -561,6 +565,7 @@ cudaError_t LaunchGroupedGemm(DType w_dtype, const TileConfig& cfg, const Groupe
 __global__ void __launch_bounds__(256)
     StageBf16RowsKernel(const float* __restrict__ x, int64_t ld, int64_t rows, int64_t cols,
                         int64_t pitch, uint16_t* __restrict__ out) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // first: launched with PDL (cuda_api.cuh)
   const int64_t n = rows * pitch;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -577,6 +582,7 @@ __global__ void __launch_bounds__(kCombineThreads)
     MoeCombineKernel(const float* __restrict__ y, const int32_t* __restrict__ row_of,
                      const float* __restrict__ topk_weights, int64_t T, int K, int D,
                      float* __restrict__ out) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // first: launched with PDL (cuda_api.cuh)
   const int64_t n = T * D;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -669,7 +675,7 @@ cudaError_t LaunchTensorCoreExperts(const MoeExpertsArgs& a, const ExpertsLayout
     gu.a_pitch = Bf16Pitch(a.D) * static_cast<int64_t>(sizeof(uint16_t));
     const int64_t n = static_cast<int64_t>(a.T) * Bf16Pitch(a.D);
     const int64_t blocks = std::min<int64_t>((n + 255) / 256, 65535 * 8);
-    MLAG_LAUNCH(StageBf16RowsKernel, static_cast<unsigned>(blocks), 256, 0, stream)
+    MLAG_LAUNCH_PDL(StageBf16RowsKernel, static_cast<unsigned>(blocks), 256, 0, stream)
     (a.x, a.x_ld, a.T, a.D, Bf16Pitch(a.D), reinterpret_cast<uint16_t*>(x_staged));
     err = cudaGetLastError();
   }
@@ -741,7 +747,7 @@ cudaError_t LaunchMoeRoute(const MoeRouteParams& params, const float* logits, in
   const int64_t blocks = (num_tokens + warps - 1) / warps;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   const size_t smem = static_cast<size_t>(warps) * RouteWarpBytes(E, G);
-  MLAG_LAUNCH(MoeRouteKernel, static_cast<unsigned>(blocks), warps * kWarpSize, smem, stream)
+  MLAG_LAUNCH_PDL(MoeRouteKernel, static_cast<unsigned>(blocks), warps * kWarpSize, smem, stream)
   (params, logits, logits_ld, correction_bias, num_tokens, topk_ids, topk_weights);
   return cudaGetLastError();
 }
@@ -767,7 +773,8 @@ cudaError_t LaunchMoeGateRoute(const MoeRouteParams& params, const float* x, int
   }
   const size_t smem = kGateWarps * (RouteWarpBytes(E, G) + static_cast<size_t>(E) * sizeof(float));
   if (smem > kGateRouteMaxSmemBytes) return cudaErrorInvalidValue;
-  MLAG_LAUNCH(MoeGateRouteKernel, static_cast<unsigned>(E), kGateWarps * kWarpSize, smem, stream)
+  MLAG_LAUNCH_PDL(MoeGateRouteKernel, static_cast<unsigned>(E), kGateWarps * kWarpSize, smem,
+                  stream)
   (params, x, x_ld, w_gate, D, correction_bias, num_tokens, logits, logits_ld, counter, topk_ids,
    topk_weights);
   return cudaGetLastError();
@@ -818,7 +825,8 @@ cudaError_t LaunchMoeExperts(const MoeExpertsArgs& a, cudaStream_t stream) {
                                ? kLargeTiles
                                : kSmallTiles;
     const int bm = tensor_cores ? TcTileRows(pairs, a.L) : cfg.bm;
-    MLAG_LAUNCH(MoePlanKernel, 1, kPlanThreads, static_cast<size_t>(a.L) * sizeof(int32_t), stream)
+    MLAG_LAUNCH_PDL(MoePlanKernel, 1, kPlanThreads, static_cast<size_t>(a.L) * sizeof(int32_t),
+                    stream)
     (a.topk_ids, pairs, a.K, a.expert_map, a.E, a.L, bm, offsets, tile_offsets, row_of,
      token_of_row);
     err = cudaGetLastError();
@@ -871,7 +879,7 @@ cudaError_t LaunchMoeExperts(const MoeExpertsArgs& a, cudaStream_t stream) {
   const int64_t n = static_cast<int64_t>(a.T) * a.D;
   int64_t blocks = (n + kCombineThreads - 1) / kCombineThreads;
   if (blocks > 65535 * 8) blocks = 65535 * 8;
-  MLAG_LAUNCH(MoeCombineKernel, static_cast<unsigned>(blocks), kCombineThreads, 0, stream)
+  MLAG_LAUNCH_PDL(MoeCombineKernel, static_cast<unsigned>(blocks), kCombineThreads, 0, stream)
   (y, row_of, a.topk_weights, a.T, a.K, a.D, a.out);
   return cudaGetLastError();
 }

@@ -32,6 +32,7 @@ __global__ void __launch_bounds__(kThreads)
                   void* in_store, DType in_dtype, int64_t in_row_stride, const void* weight,
                   DType weight_dtype, void* y, DType y_dtype, int64_t y_row_stride, int64_t rows,
                   int64_t dim, float eps) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // first: launched with PDL (cuda_api.cuh)
   __shared__ typename BlockReduceF64::TempStorage reduce;
   __shared__ float inv_rms_shared;
   const int64_t tid = threadIdx.x;
@@ -75,7 +76,7 @@ cudaError_t LaunchRmsNorm(const void* x, DType x_dtype, int64_t x_row_stride, co
                           DType weight_dtype, void* y, DType y_dtype, int64_t y_row_stride,
                           int64_t rows, int64_t dim, float eps, cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return cudaSuccess;
-  MLAG_LAUNCH(RmsNormKernel<false>, Blocks(rows), kThreads, 0, stream)
+  MLAG_LAUNCH_PDL(RmsNormKernel<false>, Blocks(rows), kThreads, 0, stream)
   (nullptr, DType::kF32, 0, x, nullptr, x_dtype, x_row_stride, weight, weight_dtype, y, y_dtype,
    y_row_stride, rows, dim, eps);
   return cudaGetLastError();
@@ -86,7 +87,7 @@ cudaError_t LaunchAddRmsNorm(const void* x, DType x_dtype, int64_t x_row_stride,
                              DType weight_dtype, void* y, DType y_dtype, int64_t y_row_stride,
                              int64_t rows, int64_t dim, float eps, cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return cudaSuccess;
-  MLAG_LAUNCH(RmsNormKernel<true>, Blocks(rows), kThreads, 0, stream)
+  MLAG_LAUNCH_PDL(RmsNormKernel<true>, Blocks(rows), kThreads, 0, stream)
   (x, x_dtype, x_row_stride, residual, residual, residual_dtype, residual_row_stride, weight,
    weight_dtype, y, y_dtype, y_row_stride, rows, dim, eps);
   return cudaGetLastError();

@@ -15,6 +15,7 @@ __global__ void __launch_bounds__(kThreads)
                     int64_t table_rows, int64_t table_row_stride, float* q_pe,
                     int64_t q_token_stride, int64_t q_head_stride, int64_t heads, float* k_pe,
                     int64_t k_token_stride, int64_t num_tokens, int64_t half) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // first: launched with PDL (cuda_api.cuh)
   const int64_t pairs = (heads + 1) * half;
   for (int64_t t = blockIdx.x; t < num_tokens; t += gridDim.x) {
     const int64_t p = positions[t * position_stride];
@@ -43,7 +44,7 @@ cudaError_t LaunchApplyRope(const int32_t* positions, int64_t position_stride, c
                             cudaStream_t stream) {
   if (num_tokens <= 0 || half <= 0) return cudaSuccess;
   const int blocks = static_cast<int>(num_tokens < kMaxBlocks ? num_tokens : kMaxBlocks);
-  MLAG_LAUNCH(ApplyRopeKernel, blocks, kThreads, 0, stream)
+  MLAG_LAUNCH_PDL(ApplyRopeKernel, blocks, kThreads, 0, stream)
   (positions, position_stride, table, table_rows, table_row_stride, q_pe, q_token_stride,
    q_head_stride, heads, k_pe, k_token_stride, num_tokens, half);
   return cudaGetLastError();

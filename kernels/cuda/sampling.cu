@@ -223,6 +223,7 @@ __global__ void __launch_bounds__(kThreads)
     SampleKernel(const float* logits, int vocab, int64_t row_stride, const float* temperatures,
                  const int32_t* top_ks, const float* top_ps, const int64_t* seeds,
                  const int64_t* steps, int32_t* out_tokens) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // first: launched with PDL (cuda_api.cuh)
   __shared__ SharedState s;
   const int64_t b = blockIdx.x;
   RowContext row;
@@ -299,6 +300,7 @@ __global__ void __launch_bounds__(kThreads)
     TopLogprobsKernel(const float* logits, int vocab, int64_t row_stride, const int32_t* ks,
                       int k_cols, int32_t* out_tokens, int64_t tokens_row_stride,
                       float* out_logprobs, int64_t logprobs_row_stride) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // first: launched with PDL (cuda_api.cuh)
   __shared__ TopLogprobsShared s;
   const int64_t b = blockIdx.x;
   const unsigned int tid = threadIdx.x;
@@ -368,6 +370,7 @@ __global__ void FeedSampledTokensKernel(const int32_t* src, const int32_t* stop_
                                         int stops_per_seq, const int32_t* query_start_loc,
                                         int64_t B, const int32_t* prev_tokens, int64_t P,
                                         int32_t* input_ids, int64_t* slot_mapping, int64_t T) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // first: launched with PDL (cuda_api.cuh)
   const int64_t b = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (b >= B) return;
   FeedSampledToken(b, src, stop_ids, stops_per_seq, query_start_loc, prev_tokens, P, input_ids,
@@ -386,7 +389,7 @@ cudaError_t LaunchFeedSampledTokens(const int32_t* src, const int32_t* stop_ids,
   // (about 2 us of a step, its first node).
   constexpr unsigned int kFeedThreads = 128;
   const unsigned int blocks = static_cast<unsigned int>((B + kFeedThreads - 1) / kFeedThreads);
-  MLAG_LAUNCH(FeedSampledTokensKernel, blocks, kFeedThreads, 0, stream)
+  MLAG_LAUNCH_PDL(FeedSampledTokensKernel, blocks, kFeedThreads, 0, stream)
   (src, stop_ids, stops_per_seq, query_start_loc, B, prev_tokens, P, input_ids, slot_mapping, T);
   return cudaGetLastError();
 }
@@ -397,7 +400,7 @@ cudaError_t LaunchSample(const float* logits, int64_t B, int64_t V, int64_t logi
                          cudaStream_t stream) {
   if (B == 0) return cudaSuccess;
   if (B < 0 || B > 0x7fffffff || V < 1 || V > 0x7fffffff) return cudaErrorInvalidValue;
-  MLAG_LAUNCH(SampleKernel, static_cast<unsigned int>(B), kThreads, 0, stream)
+  MLAG_LAUNCH_PDL(SampleKernel, static_cast<unsigned int>(B), kThreads, 0, stream)
   (logits, static_cast<int>(V), logits_row_stride, temperature, top_k, top_p, seeds, steps,
    out_tokens);
   return cudaGetLastError();
@@ -412,7 +415,7 @@ cudaError_t LaunchTopLogprobs(const float* logits, int64_t B, int64_t V, int64_t
       k_cols > kTopLogprobsMaxCols) {
     return cudaErrorInvalidValue;
   }
-  MLAG_LAUNCH(TopLogprobsKernel, static_cast<unsigned int>(B), kThreads, 0, stream)
+  MLAG_LAUNCH_PDL(TopLogprobsKernel, static_cast<unsigned int>(B), kThreads, 0, stream)
   (logits, static_cast<int>(V), logits_row_stride, k, static_cast<int>(k_cols), out_tokens,
    tokens_row_stride, out_logprobs, logprobs_row_stride);
   return cudaGetLastError();

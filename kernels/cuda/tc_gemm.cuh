@@ -128,6 +128,7 @@ struct TcGemmArgs {
 // by element (odd K; no checkpoint of the supported models has one).
 template <typename WT, bool kGateUp, int NT, bool kVecW>
 __global__ void __launch_bounds__(kTcThreads) TcGemmKernel(TcGemmArgs p) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // first: launched with PDL (cuda_api.cuh)
   constexpr int BT = 8 * NT;
   constexpr int S = TcStages(BT);
   constexpr bool kFp8 = sizeof(WT) == 1;
@@ -414,7 +415,7 @@ cudaError_t LaunchTcGemmNt(const TcGemmArgs& p, int max_tiles, int splits, cudaS
                      reinterpret_cast<uintptr_t>(p.b) % 16 == 0;
   auto* const kernel =
       vec_w ? TcGemmKernel<WT, kGateUp, NT, true> : TcGemmKernel<WT, kGateUp, NT, false>;
-  MLAG_LAUNCH(kernel, grid, kTcThreads, TcSmemBytes(8 * NT), stream)(p);
+  MLAG_LAUNCH_PDL(kernel, grid, kTcThreads, TcSmemBytes(8 * NT), stream)(p);
   return cudaGetLastError();
 }
 

@@ -159,8 +159,17 @@ absl::StatusOr<std::vector<GraphNode>> ReadGraphOps(
   MLAG_CUDA_RETURN_IF_ERROR(cudaGraphGetEdges(graph, nullptr, nullptr, &edge_count));
 #endif
   std::vector<cudaGraphNode_t> from(edge_count), to(edge_count);
+  // The edges' data too: kernels launched with programmatic dependent launch
+  // (kernels/cuda/cuda_api.cuh) leave programmatic edges, which CUDA will
+  // not list without it (cudaErrorLossyQuery). Either kind orders the ops.
 #if CUDART_VERSION >= 13000
-  MLAG_CUDA_RETURN_IF_ERROR(cudaGraphGetEdges(graph, from.data(), to.data(), nullptr, &edge_count));
+  std::vector<cudaGraphEdgeData> edge_data(edge_count);
+  MLAG_CUDA_RETURN_IF_ERROR(
+      cudaGraphGetEdges(graph, from.data(), to.data(), edge_data.data(), &edge_count));
+#elif CUDART_VERSION >= 12030
+  std::vector<cudaGraphEdgeData> edge_data(edge_count);
+  MLAG_CUDA_RETURN_IF_ERROR(
+      cudaGraphGetEdges_v2(graph, from.data(), to.data(), edge_data.data(), &edge_count));
 #else
   MLAG_CUDA_RETURN_IF_ERROR(cudaGraphGetEdges(graph, from.data(), to.data(), &edge_count));
 #endif

@@ -4,7 +4,9 @@
 // the PTX ISA's fragment layouts;
 // threads waiting at barriers no other live thread reaches are reported as a
 // deadlock instead of hanging; a grid's last CTA, found with __threadfence
-// and an atomic counter, sees every other CTA's writes.
+// and an atomic counter, sees every other CTA's writes; a grid launched with
+// programmatic dependent launch must wait on the grid before it in every
+// thread, and its captured edge is programmatic.
 //
 // Built only with -Demulate_cuda=true; the kernels below compile against the
 // emulation's device language like kernels/cuda/*.cu and run asynchronously
@@ -168,6 +170,96 @@ TEST(CudaEmulationDeathTest, MismatchedBarriersAreReported) {
     cudaDeviceSynchronize();
   };
   EXPECT_DEATH(run(), "deadlock");
+}
+
+// Programmatic dependent launch (kernels/cuda/cuda_api.cuh). Each kernel
+// adds one to every element of `x`, reading it first: a chain of them gives
+// the count only if each grid saw the one before it.
+__global__ void PdlIncrementKernel(int* x, int n) {
+  MLAG_GRID_DEPENDENCY_SYNC();
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) x[i] += 1;
+}
+
+// The same, without the wait its launch demands.
+__global__ void PdlWithoutWaitKernel(int* x, int n) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) x[i] += 1;
+}
+
+TEST(CudaEmulationPdlTest, ChainedGridsAndTheirCapturedEdges) {
+  CUDA_OK(cudaSetDevice(0));
+  ASSERT_TRUE(mlag::cuda::PdlEnabled()) << "the emulated device is sm_90";
+  const int n = 1000;
+  int* x = nullptr;
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&x), n * sizeof(int)));
+  CUDA_OK(cudaMemset(x, 0, n * sizeof(int)));
+  cudaStream_t stream = nullptr;
+  CUDA_OK(cudaStreamCreate(&stream));
+  for (int k = 0; k < 5; ++k)
+    MLAG_LAUNCH_PDL(PdlIncrementKernel, (n + 127) / 128, 128, 0, stream)(x, n);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaStreamSynchronize(stream));
+  std::vector<int> host(n);
+  CUDA_OK(cudaMemcpy(host.data(), x, n * sizeof(int), cudaMemcpyDeviceToHost));
+  for (int i = 0; i < n; ++i) ASSERT_EQ(host[i], 5) << i;
+
+  // Captured: a plain kernel, a PDL kernel (a programmatic edge from it),
+  // a copy, a PDL kernel after the copy (a plain edge: only a kernel has a
+  // programmatic port).
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  MLAG_LAUNCH(PdlIncrementKernel, (n + 127) / 128, 128, 0, stream)(x, n);
+  MLAG_LAUNCH_PDL(PdlIncrementKernel, (n + 127) / 128, 128, 0, stream)(x, n);
+  CUDA_OK(cudaMemsetAsync(x, 0, sizeof(int), stream));
+  MLAG_LAUNCH_PDL(PdlIncrementKernel, (n + 127) / 128, 128, 0, stream)(x, n);
+  cudaGraph_t graph = nullptr;
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  size_t edges = 0;
+  CUDA_OK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edges));
+  ASSERT_EQ(edges, 3u);
+  std::vector<cudaGraphNode_t> from(edges), to(edges);
+  std::vector<cudaGraphEdgeData> data(edges);
+  // As CUDA: programmatic edges are not listed without their data.
+  EXPECT_EQ(cudaGraphGetEdges(graph, from.data(), to.data(), nullptr, &edges), cudaErrorLossyQuery);
+  (void)cudaGetLastError();
+  CUDA_OK(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &edges));
+  EXPECT_EQ(data[0].type, cudaGraphDependencyTypeProgrammatic);
+  EXPECT_EQ(data[0].from_port, cudaGraphKernelNodePortProgrammatic);
+  EXPECT_EQ(data[1].type, cudaGraphDependencyTypeDefault);
+  EXPECT_EQ(data[2].type, cudaGraphDependencyTypeDefault);
+  EXPECT_EQ(data[2].from_port, cudaGraphKernelNodePortDefault);
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_OK(cudaGraphLaunch(exec, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CUDA_OK(cudaMemcpy(host.data(), x, n * sizeof(int), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(host[0], 1);
+  EXPECT_EQ(host[1], 8);
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(stream));
+  CUDA_OK(cudaFree(x));
+}
+
+TEST(CudaEmulationDeathTest, APdlGridThatSkipsTheWaitIsReported) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto run = [] {
+    int* x = nullptr;
+    if (cudaSetDevice(0) != cudaSuccess ||
+        cudaMalloc(reinterpret_cast<void**>(&x), 64 * sizeof(int)) != cudaSuccess) {
+      return;  // no report: the death test fails
+    }
+    MLAG_LAUNCH_PDL(PdlWithoutWaitKernel, 2, 32, 0, nullptr)(x, 64);
+    cudaDeviceSynchronize();
+  };
+  EXPECT_DEATH(run(), "without griddepcontrol.wait");
+  // Launched plainly, the same kernel owes no wait.
+  int* x = nullptr;
+  CUDA_OK(cudaSetDevice(0));
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&x), 64 * sizeof(int)));
+  MLAG_LAUNCH(PdlWithoutWaitKernel, 2, 32, 0, nullptr)(x, 64);
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaFree(x));
 }
 
 }  // namespace

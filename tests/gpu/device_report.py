@@ -104,7 +104,8 @@ def bench_lines(model, j):
     return lines
 
 
-for model in ("small", "v2-lite-8l", "v2-lite-8l_fp8_cublaslt", "v2-lite-8l_fp8_tc"):
+for model in ("small", "v2-lite-8l", "v2-lite-8l_fp8_cublaslt", "v2-lite-8l_fp8_tc",
+              "v2-lite-8l_no_pdl"):
     j = bench_json(read(f"bench_{model}.json"))
     if j is None:
         continue

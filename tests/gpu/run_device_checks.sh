@@ -13,7 +13,9 @@
 #      1, 32 and 256: whole steps and each graph node against the copy
 #      bandwidth and the tensor-core peak measured in the same run;
 #   5. v2-lite-8l with fp8 weights at batch 1 and 16, through cuBLASLt's
-#      block-scaled FP8 and through the tensor-core GEMM it replaces.
+#      block-scaled FP8 and through the tensor-core GEMM it replaces;
+#   6. v2-lite-8l bf16 at batch 1 and 32 with plain launches (MLAG_PDL=0),
+#      beside step 4's programmatic dependent launches.
 # Every step has its own time limit and all share one deadline (8 minutes
 # from the start), so a hang costs one step and the run always reports.
 # $OUT gets three files: summary.txt (a table of every step and the
@@ -165,6 +167,12 @@ for path in cublaslt tc; do
     --weight-dtype fp8 --device cuda --batch-sizes 1,16 --steps 10 --prefill-lens 128 \
     --profile --json
 done
+# 6. Programmatic dependent launch: v2-lite-8l bf16 again with plain
+# launches (MLAG_PDL=0), against step 4's run with PDL.
+step 60 "mlag bench v2-lite-8l without PDL" "bench_v2-lite-8l_no_pdl.json" \
+  env MLAG_PDL=0 bash -c '"$@" 2>"$0"' \
+  "$logs/bench_v2-lite-8l_no_pdl.err" "$bin/mlag" bench --model v2-lite-8l \
+  --device cuda --batch-sizes 1,32 --steps 10 --prefill-lens 128 --profile --json
 
 python3 "$here/device_report.py" "$work" "$OUT/summary.txt" "$OUT/figures.json"
 cat "$OUT/summary.txt"

@@ -171,6 +171,10 @@ struct Fiber {
   char* stack = nullptr;  // from the stack pool
   unsigned tid = 0;
   bool done = false;
+  // griddepcontrol.wait executed (GridDependencySync): what a thread of a
+  // grid launched with programmatic dependent launch must do before it
+  // touches memory an earlier grid wrote.
+  bool dependency_synced = false;
   std::vector<PendingCopy> open_group;             // issued, not committed
   std::deque<std::vector<PendingCopy>> committed;  // oldest first
 };
@@ -193,6 +197,9 @@ struct BlockState {
   unsigned char* dynamic_smem = nullptr;  // ends at the guard page
   size_t dynamic_bytes = 0;
   std::function<void()> body;
+  // Launched with programmatic dependent launch (MLAG_LAUNCH_PDL).
+  bool programmatic = false;
+  const char* kernel_name = "";
 };
 
 inline BlockState*& Block() {
@@ -215,6 +222,14 @@ inline void Park() {
   BlockState& b = *Block();
   b.body();
   Fiber& f = b.fibers[static_cast<size_t>(b.current)];
+  if (b.programmatic && !f.dependency_synced) {
+    std::fprintf(stderr, "cuda emulation: kernel %s, block (%u,%u,%u), thread %u\n", b.kernel_name,
+                 blockIdx.x, blockIdx.y, blockIdx.z, f.tid);
+    Fail(
+        "a thread of a grid launched with programmatic dependent launch ended without "
+        "griddepcontrol.wait (MLAG_GRID_DEPENDENCY_SYNC): it may have read what the grid before "
+        "it was still writing");
+  }
   f.done = true;
   --b.live;
   SwitchFiber(&f.context, &b.scheduler);  // for good: a finished fiber is never resumed
@@ -298,12 +313,17 @@ void WarpCollective(const char* op, Deposit deposit, Compute compute) {
 // Runs every block of `grid` with `block` threads of `body` (which reads
 // threadIdx and blockIdx), one block after another, each with `smem_bytes`
 // of dynamic shared memory.
-inline void Launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body) {
+// `programmatic`: launched with programmatic dependent launch; every thread
+// must then execute GridDependencySync (checked as each thread ends).
+inline void Launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body,
+                   bool programmatic = false, const char* kernel_name = "") {
   const unsigned threads = block.x;
   if (block.y != 1 || block.z != 1) Fail("only 1-D thread blocks are emulated");
   if (threads == 0 || threads % 32 != 0) Fail("block size must be a multiple of 32");
   BlockState b;
   b.body = body;
+  b.programmatic = programmatic;
+  b.kernel_name = kernel_name;
   b.fibers.resize(threads);
   for (size_t i = 0; i < threads; ++i) b.fibers[i].stack = FiberStack(i);
   b.warps.resize(threads / 32);
@@ -338,6 +358,7 @@ inline void Launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function
           Fiber& f = b.fibers[t];
           f.tid = t;
           f.done = false;
+          f.dependency_synced = false;
           PrepareFiber(&f.context, f.stack, kFiberStackBytes, FiberEntry);
           f.open_group.clear();
           f.committed.clear();
@@ -375,11 +396,16 @@ void CollectPointer(std::vector<const void*>* out, const T& arg) {
 // kernel<<<grid, block, smem, stream>>>(args...): checks the configuration
 // as the driver does (a bad one is reported through cudaGetLastError and
 // nothing runs), then queues the grid on `stream` with copies of the
-// arguments. `name` names the kernel in messages.
+// arguments. `name` names the kernel in messages. `programmatic`: launched
+// with programmatic stream serialization (MLAG_LAUNCH_PDL). Grids run one
+// after another here, so it changes no result; the emulation checks what it
+// demands of the kernel (every thread executes griddepcontrol.wait) and, in
+// a capture, records the edge from the kernel node before as a programmatic
+// one, as CUDA does.
 template <typename Kernel>
 auto Launcher(Kernel* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-              const char* name) {
-  return [kernel, grid, block, smem, stream, name](auto... args) {
+              const char* name, bool programmatic = false) {
+  return [kernel, grid, block, smem, stream, name, programmatic](auto... args) {
     const int limit = MaxDynamicSmem(reinterpret_cast<const void*>(kernel));
     if (block.x == 0 || block.x > 1024 || block.y != 1 || block.z != 1 || grid.x == 0 ||
         grid.x > 0x7fffffffu || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 ||
@@ -394,6 +420,7 @@ auto Launcher(Kernel* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t s
     work.kind = WorkKind::kKernel;
     work.what = std::string("kernel ") + name;
     work.function = reinterpret_cast<const void*>(kernel);
+    work.programmatic = programmatic;
     work.run = [=]() -> cudaError_t {
       for (size_t i = 0; i < pointers.size(); ++i) {
         if (pointers[i] == nullptr) continue;
@@ -404,7 +431,10 @@ auto Launcher(Kernel* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t s
           return cudaErrorIllegalAddress;
         }
       }
-      RunGridExclusive([&] { Launch(grid, block, smem, [&] { kernel(args...); }); });
+      RunGridExclusive([&] {
+        Launch(
+            grid, block, smem, [&] { kernel(args...); }, programmatic, name);
+      });
       return cudaSuccess;
     };
     const cudaError_t queued = Enqueue(stream, std::move(work));
@@ -418,6 +448,10 @@ inline Fiber& CurrentFiber() {
   BlockState& b = *Block();
   return b.fibers[static_cast<size_t>(b.current)];
 }
+
+// griddepcontrol.wait then griddepcontrol.launch_dependents: the grid
+// before has finished (always so here) and the next may launch.
+inline void GridDependencySync() { CurrentFiber().dependency_synced = true; }
 
 // cp.async.cg.shared.global: 16 bytes, src_bytes of them read (the rest
 // zero), delivered by a later CpAsyncWait.

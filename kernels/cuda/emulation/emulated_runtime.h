@@ -53,6 +53,9 @@ struct WorkItem {
   WorkKind kind = WorkKind::kKernel;
   std::string what;                // for messages, e.g. "kernel RmsNormKernel"
   const void* function = nullptr;  // kernels: the entry point (graph update compares it)
+  // Kernels: launched with programmatic stream serialization. Captured after
+  // a kernel node, its edge from that node is a programmatic dependency.
+  bool programmatic = false;
   // The work. Runs on the stream's worker thread, in stream order; may run
   // again at every replay when captured. An error other than cudaSuccess
   // becomes the device's sticky error.

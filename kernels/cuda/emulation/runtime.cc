@@ -141,7 +141,8 @@ struct CUgraphNode_st {
 struct CUgraph_st {
   std::vector<std::unique_ptr<CUgraphNode_st>> nodes;  // in capture order
   std::vector<std::pair<CUgraphNode_st*, CUgraphNode_st*>> edges;
-  std::vector<void*> communicators;  // referenced by collective nodes
+  std::vector<cudaGraphEdgeData> edge_data;  // parallel to edges
+  std::vector<void*> communicators;          // referenced by collective nodes
   ~CUgraph_st() {
     for (void* c : communicators) mlag::emu::CommGraphRef(c, -1);
   }
@@ -419,7 +420,17 @@ void RecordLocked(CUstream_st* s, WorkItem item) {
     CommGraphRef(item.communicator, +1);
   }
   node->item = std::move(item);
-  if (c.last != nullptr) c.graph->edges.emplace_back(c.last, node.get());
+  if (c.last != nullptr) {
+    c.graph->edges.emplace_back(c.last, node.get());
+    // A kernel launched with programmatic stream serialization right after
+    // a kernel: a programmatic edge from that kernel's programmatic port.
+    cudaGraphEdgeData data{};
+    if (node->item.programmatic && c.last->type == cudaGraphNodeTypeKernel) {
+      data.from_port = cudaGraphKernelNodePortProgrammatic;
+      data.type = cudaGraphDependencyTypeProgrammatic;
+    }
+    c.graph->edge_data.push_back(data);
+  }
   c.last = node.get();
   c.graph->nodes.push_back(std::move(node));
 }
@@ -630,6 +641,7 @@ const char* cudaGetErrorName(cudaError_t error) {
     MLAG_EMU_NAME(cudaErrorNotPermitted)
     MLAG_EMU_NAME(cudaErrorNotSupported)
     MLAG_EMU_NAME(cudaErrorStreamCaptureUnsupported)
+    MLAG_EMU_NAME(cudaErrorLossyQuery)
     MLAG_EMU_NAME(cudaErrorStreamCaptureInvalidated)
     MLAG_EMU_NAME(cudaErrorStreamCaptureImplicit)
     MLAG_EMU_NAME(cudaErrorCapturedEvent)
@@ -687,6 +699,8 @@ const char* cudaGetErrorString(cudaError_t error) {
       return "operation not supported";
     case cudaErrorStreamCaptureUnsupported:
       return "operation not permitted when stream is capturing";
+    case cudaErrorLossyQuery:
+      return "the query cannot be answered without losing information (edge data)";
     case cudaErrorStreamCaptureInvalidated:
       return "operation failed due to a previous error during capture";
     case cudaErrorStreamCaptureImplicit:
@@ -1462,10 +1476,16 @@ cudaError_t cudaGraphGetEdges(cudaGraph_t graph, cudaGraphNode_t* from, cudaGrap
     return cudaSuccess;
   }
   const size_t k = std::min(n, *num_edges);
+  // As CUDA: edges with data (programmatic ones) cannot be listed without it.
+  if (edge_data == nullptr) {
+    for (const cudaGraphEdgeData& d : graph->edge_data) {
+      if (d.type != 0 || d.from_port != 0 || d.to_port != 0) return Err(cudaErrorLossyQuery);
+    }
+  }
   for (size_t i = 0; i < k; ++i) {
     from[i] = graph->edges[i].first;
     to[i] = graph->edges[i].second;
-    if (edge_data != nullptr) edge_data[i] = cudaGraphEdgeData{};
+    if (edge_data != nullptr) edge_data[i] = graph->edge_data[i];
   }
   *num_edges = k;
   return cudaSuccess;

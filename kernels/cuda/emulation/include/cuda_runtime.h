@@ -39,6 +39,7 @@ enum cudaError_t : int {
   cudaErrorNotPermitted = 800,
   cudaErrorNotSupported = 801,
   cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorLossyQuery = 402,
   cudaErrorStreamCaptureInvalidated = 901,
   cudaErrorStreamCaptureImplicit = 906,
   cudaErrorCapturedEvent = 907,
@@ -218,6 +219,15 @@ using cudaGraph_t = CUgraph_st*;
 using cudaGraphNode_t = CUgraphNode_st*;
 using cudaGraphExec_t = CUgraphExec_st*;
 
+// Edge data (cudaGraphGetEdges): the programmatic dependency a launch with
+// cudaLaunchAttributeProgrammaticStreamSerialization records in a capture.
+enum cudaGraphDependencyType : int {
+  cudaGraphDependencyTypeDefault = 0,
+  cudaGraphDependencyTypeProgrammatic = 1,
+};
+#define cudaGraphKernelNodePortDefault 0
+#define cudaGraphKernelNodePortProgrammatic 1
+#define cudaGraphKernelNodePortLaunchCompletion 2
 struct cudaGraphEdgeData {
   unsigned char from_port;
   unsigned char to_port;
