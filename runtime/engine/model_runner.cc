@@ -146,6 +146,11 @@ absl::Status ModelRunner::Init(ModelSource& source) {
       slot.staged.*f.staged = Tensor(static_cast<char*>(slot.staging.data()) + offsets[i], f.dtype,
                                      f.shape, DeviceKind::kHost);
     }
+    // Nothing fed and no stop tokens, in every row (zeros would read as
+    // "take the token of sequence 0"): BeginStaging resets only the rows a
+    // step uses, and every row is uploaded.
+    std::fill_n(slot.staged.feed_src.data_as<int32_t>(), slot.staged.feed_src.numel(), -1);
+    std::fill_n(slot.staged.stop_ids.data_as<int32_t>(), slot.staged.stop_ids.numel(), -1);
     MLAG_ASSIGN_OR_RETURN(slot.sampled_host, device_->AllocatePinned(S * sizeof(int32_t)));
     if (stream_->is_cuda()) {
       MLAG_ASSIGN_OR_RETURN(slot.top_logprobs_host, device_->AllocatePinned(top_bytes));
