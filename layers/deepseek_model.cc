@@ -11,6 +11,14 @@
 
 namespace mlag {
 
+namespace {
+
+int RopePositions(const ModelConfig& c, const ModelOptions& options) {
+  return options.max_positions > 0 ? options.max_positions : c.max_position_embeddings;
+}
+
+}  // namespace
+
 DeepseekModel::DeepseekModel(const ModelConfig& config, Device* device, const ModelOptions& options)
     : config_(config), device_(device), options_(options), arena_(device, options.weight_format) {}
 
@@ -21,57 +29,84 @@ absl::StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::Create(const Model
   if (options.max_tokens < 1 || options.max_seqs < 1) {
     return absl::InvalidArgumentError("max_tokens and max_seqs must be positive");
   }
-  MLAG_RETURN_IF_ERROR(CheckFitsDevice(config, options.weight_format, *device));
+  // The least this model takes, checked before anything is allocated.
+  const size_t weights = PlanWeightBytes(config, device, source, options);
+  const size_t rope = RopeTableBytes(config, options);
+  MLAG_ASSIGN_OR_RETURN(const MemoryBudget budget, device->AvailableMemory());
+  if (static_cast<double>(weights) + static_cast<double>(rope) > budget.available) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "weights ", FormatBytes(weights), " (--weight-dtype ",
+        WeightFormatName(options.weight_format), ") + rope table ", FormatBytes(rope), " for ",
+        RopePositions(config, options), " positions exceed the ", FormatBytes(budget.available),
+        " available on ", device->name(), " (", budget.source, ")"));
+  }
   std::unique_ptr<DeepseekModel> model(new DeepseekModel(config, device, options));
   MLAG_RETURN_IF_ERROR(model->Load(source));
   return model;
 }
 
-namespace {
-
-// Parameters of the model's tensors (a double: hostile sizes must not wrap).
-double ParameterCount(const ModelConfig& c) {
-  const double D = c.hidden_size, V = c.vocab_size, H = c.num_attention_heads;
-  const double dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
-  const double rkv = c.kv_lora_rank, ql = c.q_lora_rank;
-  const double q = ql > 0 ? D * ql + ql + ql * H * (dn + dr) : D * H * (dn + dr);
-  const double attention = q + D * (rkv + dr) + rkv + rkv * H * (dn + dv) + H * dv * D + 2 * D;
-  double total = V * D * (c.tie_word_embeddings ? 1 : 2) + D;
+size_t DeepseekModel::PlanWeightBytes(const ModelConfig& c, Device* device,
+                                      const WeightSource& source, const ModelOptions& options) {
+  // Load's walk, tensor by tensor, on layers that are built but not loaded.
+  const WeightArena arena(device, options.weight_format);
+  WeightPlan plan(arena, source);
+  const int64_t D = c.hidden_size, V = c.vocab_size;
+  plan.Add({V, D});
   for (int i = 0; i < c.num_hidden_layers; ++i) {
-    const double im = c.moe_intermediate_size;
-    total += attention + (c.IsMoeLayer(i) ? (c.n_routed_experts + c.n_shared_experts) * 3 * D * im +
-                                                c.n_routed_experts * (D + 1)
-                                          : 3 * D * c.intermediate_size);
+    plan.Add({D});
+    plan.Add({D});
+    MlaBlock(i, c).PlanWeights(plan);
+    if (c.IsMoeLayer(i)) {
+      Moe(i, c, options.local_experts).PlanWeights(plan);
+    } else {
+      Mlp(absl::StrCat("layers.", i, ".mlp"), absl::StrCat("model.layers.", i, ".mlp."),
+          c.hidden_size, c.intermediate_size)
+          .PlanWeights(plan);
+    }
   }
-  return total;
+  plan.Add({D});
+  if (!c.tie_word_embeddings || source.Has("lm_head.weight")) {
+    plan.AddLinear("lm_head.weight", {V, D}, /*allow_fp8=*/false);
+  }
+  return plan.bytes();
 }
 
-}  // namespace
+size_t DeepseekModel::PlanExpertBufferBytes(const ModelConfig& c, Device* device,
+                                            const WeightSource& source, const ModelOptions& options,
+                                            int slots) {
+  const WeightArena arena(device, options.weight_format);
+  size_t bytes = 0;
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    if (!c.IsMoeLayer(i)) continue;
+    const Moe moe(i, c, options.local_experts);
+    const int first = moe.local_experts().empty() ? 0 : moe.local_experts()[0];
+    const DType dtype = arena.LinearDType(
+        source, absl::StrCat("model.layers.", i, ".mlp.experts.", first, ".gate_proj.weight"));
+    bytes += moe.ExpertLayout(slots, dtype).total;
+  }
+  return bytes;
+}
 
-absl::Status DeepseekModel::CheckFitsDevice(const ModelConfig& c, WeightFormat format,
-                                            const Device& device) {
-  MLAG_ASSIGN_OR_RETURN(const size_t memory, device.MemoryBytes());
-  const double gb = 1e9;
-  const double rope_bytes = 4.0 * c.max_position_embeddings * c.qk_rope_head_dim;
-  if (rope_bytes > static_cast<double>(memory)) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "config.json: max_position_embeddings %d needs a %.0f GB rope table; %s has %.0f GB",
-        c.max_position_embeddings, rope_bytes / gb, device.name(), memory / gb));
+size_t DeepseekModel::ExpertBufferBytes(int slots) const {
+  size_t bytes = 0;
+  for (const auto& moe : moes_) {
+    if (moe) bytes += moe->ExpertLayout(slots, moe->expert_dtype()).total;
   }
-  // The least the weights can take: every parameter in the format's dtype,
-  // at one byte each where the checkpoint decides (auto: fp8 at best).
-  const double bytes_per_parameter = format == WeightFormat::kF32    ? 4
-                                     : format == WeightFormat::kBF16 ? 2
-                                                                     : 1;
-  const double weight_bytes = ParameterCount(c) * bytes_per_parameter;
-  if (weight_bytes + rope_bytes > static_cast<double>(memory)) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "config.json: %d layers, hidden_size %d, %d routed experts of width %d and vocab_size %d "
-        "need at least %.1f GB of weights (--weight-dtype %s); %s has %.1f GB",
-        c.num_hidden_layers, c.hidden_size, c.n_routed_experts, c.moe_intermediate_size,
-        c.vocab_size, weight_bytes / gb, WeightFormatName(format), device.name(), memory / gb));
-  }
-  return absl::OkStatus();
+  return bytes;
+}
+
+size_t DeepseekModel::RopeTableBytes(const ModelConfig& c, const ModelOptions& options) {
+  return static_cast<size_t>(RopePositions(c, options)) * c.qk_rope_head_dim * sizeof(float);
+}
+
+size_t DeepseekModel::ActivationBytes(const ModelConfig& c, const Device& device,
+                                      const ModelOptions& options) {
+  const size_t decode =
+      device.is_cuda()
+          ? MlaDecodeWorkspace::CudaBytes(options.max_seqs, c.num_attention_heads, c.kv_lora_rank)
+          : 0;
+  return decode +
+         ActivationBuffers::Bytes(c, options.max_tokens, options.max_seqs, options.max_ep_ranks);
 }
 
 absl::Status DeepseekModel::Load(WeightSource& source) {
@@ -109,12 +144,18 @@ absl::Status DeepseekModel::Load(WeightSource& source) {
                                                       /*allow_fp8=*/false));
   }
 
-  // Rope table, built on the host and uploaded.
-  const int64_t P = c.max_position_embeddings, dr = c.qk_rope_head_dim;
-  std::vector<float> table(static_cast<size_t>(P * dr));
-  MLAG_RETURN_IF_ERROR(FillRopeTable(c.rope, Tensor(table.data(), DType::kF32, {P, dr})));
-  MLAG_ASSIGN_OR_RETURN(rope_table_, arena_.Allocate({P, dr}));
-  MLAG_RETURN_IF_ERROR(arena_.Upload(table, rope_table_));
+  // Rope table, for max_positions: built in place on the host, on the host
+  // and uploaded on CUDA.
+  const int64_t P = RopePositions(c, options_), dr = c.qk_rope_head_dim;
+  MLAG_ASSIGN_OR_RETURN(rope_table_buffer_, device_->Allocate(RopeTableBytes(c, options_)));
+  rope_table_ = rope_table_buffer_.AsTensor(DType::kF32, {P, dr});
+  if (device_->is_cuda()) {
+    std::vector<float> table(static_cast<size_t>(P * dr));
+    MLAG_RETURN_IF_ERROR(FillRopeTable(c.rope, Tensor(table.data(), DType::kF32, {P, dr})));
+    MLAG_RETURN_IF_ERROR(arena_.Upload(table, rope_table_));
+  } else {
+    MLAG_RETURN_IF_ERROR(FillRopeTable(c.rope, rope_table_));
+  }
 
   // The CUDA decode kernel's split-KV scratch, sized for the largest batch and
   // shared by every layer and every captured graph.

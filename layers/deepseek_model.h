@@ -34,17 +34,37 @@ struct ModelOptions {
   // How projection weights are held (layers/weight_arena.h); kAuto keeps the
   // checkpoint's bf16 or fp8.
   WeightFormat weight_format = WeightFormat::kAuto;
+  // Rows of the rope table: the longest sequence the model will run, the
+  // engine's max_model_len (0: the config's max_position_embeddings).
+  int max_positions = 0;
 };
 
 class DeepseekModel {
  public:
   // Builds the model on `device` and loads every weight from `source`.
-  // ResourceExhausted, naming the config fields, when the model cannot fit
-  // `device` however its weights are held: the rope table, or the weights at
-  // `format`'s bytes per parameter (auto: one byte, the least). Create runs
-  // it before allocating anything.
-  static absl::Status CheckFitsDevice(const ModelConfig& config, WeightFormat format,
-                                      const Device& device);
+  // ResourceExhausted before anything is allocated when the weights and the
+  // rope table exceed the memory `device` has available (the engine's
+  // memory plan, runtime/engine/memory_plan.h, refuses earlier and counts
+  // everything else too).
+
+  // The bytes of parameters Create will hold on `device` for `source`: the
+  // arena's tensors and the routed experts, in the dtypes `options` and the
+  // device decide (WeightPlan), rope table excluded. Reads and allocates
+  // nothing. weight_bytes() of the built model is this figure.
+  static size_t PlanWeightBytes(const ModelConfig& config, Device* device,
+                                const WeightSource& source, const ModelOptions& options);
+  // The routed-expert buffers of every MoE layer for `slots` local experts
+  // each (Moe::ExpertLayout), in the dtype Create would hold them in.
+  static size_t PlanExpertBufferBytes(const ModelConfig& config, Device* device,
+                                      const WeightSource& source, const ModelOptions& options,
+                                      int slots);
+  // The same for the built model.
+  size_t ExpertBufferBytes(int slots) const;
+  // The rope table's bytes: f32 [positions, qk_rope_head_dim].
+  static size_t RopeTableBytes(const ModelConfig& config, const ModelOptions& options);
+  // The activation buffers and (CUDA) the decode workspace Create allocates.
+  static size_t ActivationBytes(const ModelConfig& config, const Device& device,
+                                const ModelOptions& options);
 
   static absl::StatusOr<std::unique_ptr<DeepseekModel>> Create(const ModelConfig& config,
                                                                Device* device, WeightSource& source,
@@ -93,8 +113,12 @@ class DeepseekModel {
   const ModelOptions& options() const { return options_; }
   MlaAttention& attention(int layer) { return blocks_[layer]->attention(); }
   Device& device() const { return *device_; }
-  // Bytes of every parameter held (the arena plus the routed experts).
+  // Bytes of every parameter held (the arena plus the routed experts; the
+  // rope table is not a parameter).
   size_t weight_bytes() const;
+  size_t rope_table_bytes() const { return rope_table_buffer_.bytes(); }
+  // The activation workspace and (CUDA) the decode scratch, as allocated.
+  size_t activation_bytes() const { return workspace_.capacity() + decode_workspace_.bytes(); }
   // Bytes of weights by dtype (fp8 scales count as f32).
   std::map<DType, size_t> weight_bytes_by_dtype() const;
 
@@ -108,7 +132,8 @@ class DeepseekModel {
   WeightArena arena_;
   Workspace workspace_;
   ActivationBuffers acts_;
-  Tensor rope_table_;                    // [max_position_embeddings, dr]
+  Buffer rope_table_buffer_;
+  Tensor rope_table_;                    // [max_positions, dr]
   MlaDecodeWorkspace decode_workspace_;  // CUDA split-KV scratch (empty on the host)
   Tensor embed_, final_norm_;
   LinearWeight lm_head_;  // bf16 where the projections are fp8, as DeepSeek-V3 keeps it

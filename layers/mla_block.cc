@@ -53,6 +53,26 @@ absl::Status MlaBlock::Load(WeightArena& arena, WeightSource& source) {
   return absl::OkStatus();
 }
 
+void MlaBlock::PlanWeights(WeightPlan& plan) const {
+  const ModelConfig& c = config_;
+  const std::string p = absl::StrCat("model.layers.", layer_, ".self_attn.");
+  const int64_t D = c.hidden_size, H = c.num_attention_heads, R = c.kv_lora_rank;
+  const int64_t dq = c.qk_head_dim();
+  if (c.q_lora_rank > 0) {
+    plan.AddLinear(p + "q_a_proj.weight", {c.q_lora_rank, D});
+    plan.Add({c.q_lora_rank});
+    plan.AddLinear(p + "q_b_proj.weight", {H * dq, c.q_lora_rank});
+  } else {
+    plan.AddLinear(p + "q_proj.weight", {H * dq, D});
+  }
+  plan.AddLinear(p + "kv_a_proj_with_mqa.weight", {R + c.qk_rope_head_dim, D});
+  plan.Add({R});
+  // kv_b_proj, split by SetKvB into W_UK and W_UV, f32.
+  plan.Add({H, R, c.qk_nope_head_dim});
+  plan.Add({H, c.v_head_dim, R});
+  plan.AddLinear(p + "o_proj.weight", {D, H * c.v_head_dim});
+}
+
 absl::Status MlaBlock::Forward(Stream& stream, const AttentionMetadata& meta,
                                const Tensor& rope_table, const ActivationBuffers& acts,
                                const Tensor& x_in, const Tensor& out_in) const {

@@ -22,6 +22,8 @@ class MlaBlock {
 
   // Reads model.layers.<i>.self_attn.* from `source`.
   absl::Status Load(WeightArena& arena, WeightSource& source);
+  // The bytes Load leaves in the arena (WeightPlan), without loading.
+  void PlanWeights(WeightPlan& plan) const;
 
   // out[0:T] = Attention(x[0:T]) for the T = meta.num_tokens tokens of `meta`.
   // x: [>=T, D] normed hidden states; rope_table from FillRopeTable; scratch

@@ -30,6 +30,13 @@ absl::Status Mlp::Load(WeightArena& arena, WeightSource& source) {
   return absl::OkStatus();
 }
 
+void Mlp::PlanWeights(WeightPlan& plan) const {
+  const int64_t D = hidden_, W = width_;
+  plan.AddLinearAs({2 * W, D}, plan.LinearDType(weight_prefix_ + "gate_proj.weight"),
+                   /*block_scales=*/W % kFp8BlockSize == 0);
+  plan.AddLinear(weight_prefix_ + "down_proj.weight", {D, W});
+}
+
 absl::Status Mlp::Forward(Stream& stream, const Tensor& x, const Tensor& gate_up_scratch,
                           const Tensor& act_scratch, const Tensor& out) const {
   const int64_t T = x.size(0), W = width_;

@@ -19,6 +19,8 @@ class Mlp {
   Mlp(std::string node_prefix, std::string weight_prefix, int hidden, int width);
 
   absl::Status Load(WeightArena& arena, WeightSource& source);
+  // The bytes Load leaves in the arena (WeightPlan), without loading.
+  void PlanWeights(WeightPlan& plan) const;
 
   // out[0:T] = f(x[0:T]); gate_up [>=T, >=2W] and act [>=T, >=W] are scratch.
   absl::Status Forward(Stream& stream, const Tensor& x, const Tensor& gate_up_scratch,

@@ -68,6 +68,37 @@ absl::Status Moe::Load(WeightArena& arena, WeightSource& source) {
   return absl::OkStatus();
 }
 
+void Moe::PlanWeights(WeightPlan& plan) const {
+  const ModelConfig& c = config_;
+  const std::string p = absl::StrCat("model.layers.", layer_, ".mlp.");
+  const int64_t D = c.hidden_size, E = c.n_routed_experts;
+  plan.Add({E, D});
+  if (plan.device().is_cuda()) plan.Add({1}, DType::kI32);
+  if (c.topk_method == TopkMethod::kNoauxTc) plan.Add({E});
+  plan.Add({E}, DType::kI32);
+  const int64_t L = static_cast<int64_t>(local_experts_.size());
+  const int first = L > 0 ? local_experts_[0] : 0;
+  const DType dtype = plan.LinearDType(absl::StrCat(p, "experts.", first, ".gate_proj.weight"));
+  plan.AddBytes(ExpertLayout(L, dtype).total);
+  if (shared_) shared_->PlanWeights(plan);
+}
+
+Moe::ExpertBufferLayout Moe::ExpertLayout(int64_t slots, DType dtype) const {
+  const int64_t D = config_.hidden_size, I = config_.moe_intermediate_size;
+  const int64_t L = std::max<int64_t>(slots, 1);
+  const bool fp8 = dtype == DType::kF8E4M3;
+  // Values of gate|up and down, then (fp8) their scales, each 64-byte aligned.
+  const size_t esize = DTypeSize(dtype);
+  auto align = [](size_t n) { return (n + 63) / 64 * 64; };
+  ExpertBufferLayout l;
+  l.gate_up = align(static_cast<size_t>(L * 2 * I * D) * esize);
+  l.down = align(static_cast<size_t>(L * D * I) * esize);
+  l.gate_up_scales = fp8 ? align(static_cast<size_t>(L * 2 * I * Fp8Blocks(D)) * sizeof(float)) : 0;
+  l.down_scales = fp8 ? align(static_cast<size_t>(L * D * Fp8Blocks(I)) * sizeof(float)) : 0;
+  l.total = l.gate_up + l.down + l.gate_up_scales + l.down_scales;
+  return l;
+}
+
 absl::Status Moe::SetLocalExperts(std::vector<int> experts) {
   const int E = config_.n_routed_experts;
   std::vector<int32_t> map(E, -1);
@@ -89,16 +120,9 @@ absl::StatusOr<Moe::Experts> Moe::AllocateExperts(int64_t slots) const {
   const int64_t D = config_.hidden_size, I = config_.moe_intermediate_size;
   const int64_t L = std::max<int64_t>(slots, 1);
   const bool fp8 = expert_dtype_ == DType::kF8E4M3;
-  // Values of gate|up and down, then (fp8) their scales, each 64-byte aligned.
-  const size_t esize = DTypeSize(expert_dtype_);
-  auto align = [](size_t n) { return (n + 63) / 64 * 64; };
-  const size_t gu_bytes = align(static_cast<size_t>(L * 2 * I * D) * esize);
-  const size_t dn_bytes = align(static_cast<size_t>(L * D * I) * esize);
-  const size_t gu_scale_bytes =
-      fp8 ? align(static_cast<size_t>(L * 2 * I * Fp8Blocks(D)) * sizeof(float)) : 0;
-  const size_t dn_scale_bytes =
-      fp8 ? align(static_cast<size_t>(L * D * Fp8Blocks(I)) * sizeof(float)) : 0;
-  const size_t total = gu_bytes + dn_bytes + gu_scale_bytes + dn_scale_bytes;
+  const ExpertBufferLayout layout = ExpertLayout(slots, expert_dtype_);
+  const size_t gu_bytes = layout.gate_up, dn_bytes = layout.down,
+               gu_scale_bytes = layout.gate_up_scales, total = layout.total;
   Experts e;
   MLAG_ASSIGN_OR_RETURN(e.buffer, device_->Allocate(total));
   if (slots == 0) {

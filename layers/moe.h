@@ -31,6 +31,9 @@ class Moe {
   // Reads the gate, the correction bias (noaux_tc), the local experts and the
   // shared experts of model.layers.<i>.mlp.
   absl::Status Load(WeightArena& arena, WeightSource& source);
+  // The bytes Load takes, routed experts included (WeightPlan), without
+  // loading.
+  void PlanWeights(WeightPlan& plan) const;
 
   // out[0:T] = FFN(x[0:T]), T = x.size(0). When `routing_record` is set (eager
   // runs only), the chosen expert ids [T * K] are copied into it after routing.
@@ -66,6 +69,14 @@ class Moe {
   const std::vector<int>& local_experts() const { return local_experts_; }
   // The routed experts' dtype (their fp8 scales aside).
   DType expert_dtype() const { return expert_dtype_; }
+
+  // The routed-expert buffer of `slots` local experts (at least one slot) in
+  // `dtype`: values of gate|up and down, then (fp8) their scales, each
+  // 64-byte aligned.
+  struct ExpertBufferLayout {
+    size_t gate_up = 0, down = 0, gate_up_scales = 0, down_scales = 0, total = 0;
+  };
+  ExpertBufferLayout ExpertLayout(int64_t slots, DType dtype) const;
 
  private:
   std::string Node(const char* op) const;

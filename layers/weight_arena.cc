@@ -296,4 +296,27 @@ absl::Status WeightArena::FinishLoading() {
   return absl::OkStatus();
 }
 
+void WeightPlan::Add(std::initializer_list<int64_t> shape, DType dtype) {
+  bytes_ += Tensor(nullptr, dtype, shape).nbytes();
+}
+
+void WeightPlan::AddLinear(const std::string& name, std::initializer_list<int64_t> shape,
+                           bool allow_fp8) {
+  AddLinearAs(shape, LinearDType(name, allow_fp8), /*block_scales=*/true);
+}
+
+void WeightPlan::AddLinearAs(std::initializer_list<int64_t> shape, DType dtype, bool block_scales) {
+  Add(shape, dtype);
+  if (dtype != DType::kF8E4M3) return;
+  // AllocateLinearImpl's per-row scales.
+  std::vector<int64_t> s(shape);
+  s.back() = Fp8Blocks(s.back());
+  bytes_ += Tensor(nullptr, DType::kF32, s).nbytes();
+  // AddBlockScales.
+  if (block_scales && arena_.device().is_cuda() && s.size() == 2) {
+    const std::vector<int64_t> dims(shape);
+    Add({Fp8Blocks(dims[0]), BlockScaleLd(dims[1])}, DType::kF32);
+  }
+}
+
 }  // namespace mlag

@@ -132,4 +132,37 @@ class WeightArena {
   mutable int fp8_on_device_ = -1;  // -1: not asked yet
 };
 
+// Counts the bytes a WeightArena holds for a model, tensor by tensor, as its
+// Allocate, Load, LoadLinear, AllocateLinear and AddBlockScales would, without
+// allocating or reading anything: the weights item of the memory plan
+// (runtime/engine/memory_plan.h). Each layer's PlanWeights mirrors its Load;
+// tests check the two agree for every built-in model, format and device.
+class WeightPlan {
+ public:
+  // `arena` decides the dtypes (LinearDType); it allocates nothing here.
+  WeightPlan(const WeightArena& arena, const WeightSource& source)
+      : arena_(arena), source_(source) {}
+
+  // Allocate / Load: a plain tensor.
+  void Add(std::initializer_list<int64_t> shape, DType dtype = DType::kF32);
+  // LoadLinear of source tensor `name`.
+  void AddLinear(const std::string& name, std::initializer_list<int64_t> shape,
+                 bool allow_fp8 = true);
+  // AllocateLinear in `dtype`, then AddBlockScales when `block_scales`.
+  void AddLinearAs(std::initializer_list<int64_t> shape, DType dtype, bool block_scales);
+  // Memory a layer allocates outside the arena (the routed experts).
+  void AddBytes(size_t bytes) { bytes_ += bytes; }
+
+  DType LinearDType(const std::string& name, bool allow_fp8 = true) const {
+    return arena_.LinearDType(source_, name, allow_fp8);
+  }
+  const Device& device() const { return arena_.device(); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  const WeightArena& arena_;
+  const WeightSource& source_;
+  size_t bytes_ = 0;
+};
+
 }  // namespace mlag

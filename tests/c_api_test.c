@@ -169,7 +169,8 @@ static void test_defaults(void) {
   CHECK(o.struct_size == sizeof(o));
   CHECK(o.model != NULL && strcmp(o.model, "tiny-v3") == 0);
   CHECK(o.device != NULL && strcmp(o.device, "auto") == 0);
-  CHECK(o.kv_cache_bytes > 0 && o.max_num_seqs > 0 && o.max_num_batched_tokens > 0);
+  CHECK(o.kv_cache_bytes == 0 && o.max_num_seqs > 0 && o.max_num_batched_tokens > 0);
+  CHECK(o.memory_utilization == 0.9);
   CHECK(o.block_size > 0 && o.max_model_len == 0);
   CHECK(o.capture_sizes == NULL && o.num_capture_sizes == 0);
   CHECK(o.graph_mode == MLAG_GRAPH_FULL_DECODE && o.enable_prefix_caching == 1 && o.seed == 0);
@@ -261,6 +262,17 @@ static void test_create_errors(const reference* ref) {
   o.kv_cache_bytes = 1;
   CHECK_STATUS(mlag_engine_create(&o, &engine), MLAG_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("kv cache");
+
+  options_from_reference(ref, MLAG_GRAPH_FULL_DECODE, &o);
+  o.memory_utilization = 1.5;
+  CHECK_STATUS(mlag_engine_create(&o, &engine), MLAG_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("memory utilization");
+  /* A plan that cannot fit (a millionth of the memory) is refused before
+     anything is allocated, naming the usable memory. */
+  o.memory_utilization = 1e-6;
+  o.kv_cache_bytes = 0;
+  CHECK_STATUS(mlag_engine_create(&o, &engine), MLAG_OUT_OF_MEMORY);
+  CHECK_ERROR_MENTIONS("usable");
 
   options_from_reference(ref, MLAG_GRAPH_FULL_DECODE, &o);
   o.max_model_len = 1 << 20;

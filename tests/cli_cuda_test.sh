@@ -8,9 +8,14 @@
 # node right before its attention node, and `mlag bench --profile` reports
 # every graph node with figures that agree with each other and with the
 # step's. Exit 77 (skip) without a CUDA device.
-#   cli_cuda_test.sh PATH/TO/mlag
+#   cli_cuda_test.sh PATH/TO/mlag [all|runs|tools]
+# PART (default all): "runs" is the memory plan and the token comparisons,
+# "tools" the fp8 checkpoint, graphs, expert parallelism and bench; the
+# emulated suite runs the two side by side.
 set -u
 MLAG="$1"
+PART="${2:-all}"
+want() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 if ! MLAG_EMULATED_GPUS=1 "$MLAG" info --model tiny-v3 --device cuda >"$TMP/info" 2>&1; then
@@ -30,6 +35,36 @@ if grep -q "^kv cache: bf16 by default on this device" "$TMP/info" &&
   ok
 else
   bad "mlag info does not show bf16 as CUDA's KV cache default: $(grep 'kv cache' "$TMP/info")"
+fi
+
+if want runs; then
+# The memory plan is made against cudaMemGetInfo: on a 1 GB device (emulated;
+# a real GPU ignores MLAG_EMULATED_GPU_MEMORY and has more) tiny-v3's plan
+# fits within it and runs, and small's bf16 weights are refused before any
+# allocation, naming the source.
+if [ "$emulated" = 1 ]; then
+  if MLAG_EMULATED_GPUS=1 MLAG_EMULATED_GPU_MEMORY=1G "$MLAG" run --model tiny-v3 --device cuda \
+    --num-requests 2 --max-tokens 3 --json >"$TMP/plan.json" 2>"$TMP/err" &&
+    python3 - "$TMP/plan.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))["stats"]["memory_plan"]
+assert m["source"] == "cudaMemGetInfo" and m["available_bytes"] <= 1 << 30, m
+assert m["planned_bytes"] <= m["usable_bytes"] <= 0.9 * m["available_bytes"] + 1, m
+assert 0 < m["allocated_bytes"] <= m["planned_bytes"], m
+PY
+  then
+    ok
+  else
+    bad "tiny-v3 planned on a 1 GB device: $(tail -3 "$TMP/err")"
+  fi
+  MLAG_EMULATED_GPUS=1 MLAG_EMULATED_GPU_MEMORY=1G "$MLAG" run --model small --device cuda \
+    --num-requests 1 --max-tokens 2 >/dev/null 2>"$TMP/err"
+  rc=$?
+  if [ $rc -eq 2 ] && grep -q "weights .* exceed .* usable (0.9 of .* available: cudaMemGetInfo)" "$TMP/err"; then
+    ok
+  else
+    bad "small on a 1 GB device: exit $rc, $(cat "$TMP/err")"
+  fi
 fi
 
 # f32 cache on both (CUDA's default is bf16, which rounds each cached latent).
@@ -60,6 +95,9 @@ for model in tiny-v3 tiny-v2; do
   fi
 done
 
+fi
+
+if want tools; then
 # An fp8 checkpoint on CUDA. On sm_89 and later (the emulated devices are
 # 9.0) the projections stay fp8 and run through the FP8 block-scaled GEMM,
 # the routed experts through the grouped GEMM (widened as loaded); lm_head is
@@ -165,5 +203,7 @@ else
   bad "bench --profile on cuda: $(tail -5 "$TMP/err")"
 fi
 
-echo "cli_cuda: $pass passed, $fail failed"
+fi
+
+echo "cli_cuda ($PART): $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -65,7 +65,26 @@ expect_usage_error "num-requests" run --model tiny-v3 --num-requests 1000000000
 expect_usage_error "--ep" run --model tiny-v3 --ep -1
 expect_usage_error "--ep" run --model tiny-v3 --ep 100000
 expect_usage_error "prompt-len" run --model tiny-v3 --prompt-len 2000000000
-expect_usage_error "kv_cache_bytes" run --model tiny-v3 --kv-cache-bytes 100000000000000
+expect_usage_error "kv-cache-bytes" run --model tiny-v3 --kv-cache-bytes 100000000000000
+expect_usage_error "memory-utilization" run --model tiny-v3 --memory-utilization 1.5
+expect_usage_error "memory-utilization" info --model tiny-v3 --memory-utilization 0
+# mlag info prints the memory plan; its KV cache takes what the rest leaves of
+# --memory-utilization of the available memory, so it moves with it.
+kv_of() { "$MLAG" info --model small --plan "$@" | awk '$1 == "KV" { print $3, $4 }'; }
+kv_low=$(kv_of --memory-utilization 0.5) kv_high=$(kv_of --memory-utilization 0.9)
+if [ -n "$kv_low" ] && [ -n "$kv_high" ] && [ "$kv_low" != "$kv_high" ]; then
+  ok
+else
+  bad "info --plan KV at utilization 0.5 '$kv_low' and 0.9 '$kv_high'"
+fi
+if "$MLAG" info --model tiny-v3 --max-model-len 100 >"$TMP/out" 2>"$TMP/err" &&
+  grep -q "memory plan (max_model_len 100" "$TMP/out" &&
+  grep -q "rope table.*100 positions x 16 f32" "$TMP/out" &&
+  grep -q "weights on device" "$TMP/out"; then
+  ok
+else
+  bad "info with its plan: $(cat "$TMP/out" "$TMP/err")"
+fi
 expect_usage_error "/nonexistent/g.dot" graphs --model tiny-v3 --size 2 --max-num-seqs 2 --dot /nonexistent/g.dot
 
 # JSON output parses and has the documented fields.
@@ -88,6 +107,16 @@ for k in ("open_model", "build_model", "kv_pool", "warmup", "capture", "engine_r
     assert p[k] >= 0, (k, p)
 assert p["build_model"] > 0 and p["capture"] > 0, p
 assert p["first_token"] >= p["engine_ready"] >= p["build_model"], p
+# The memory plan: items summing to the planned bytes, within the usable
+# memory, the KV cache last and what the engine's pool holds.
+m = s["memory_plan"]
+items = {i["name"]: i["bytes"] for i in m["items"]}
+assert list(items)[-1] == "KV cache" and set(items) >= {"weights", "rope table", "activations"}, m
+assert sum(items.values()) == m["planned_bytes"] <= m["usable_bytes"] <= m["available_bytes"], m
+assert m["max_model_len"] == 256 and not m["max_model_len_given"] and not m["kv_cache_given"], m
+assert items["KV cache"] == m["kv_blocks"] * m["kv_block_bytes"], m
+assert m["kv_blocks"] - 1 == s["kv_blocks_total"], (m, s)
+assert 0 < m["allocated_bytes"] <= m["planned_bytes"], m
 PY
   then ok; else bad "JSON content"; fi
 fi
@@ -233,18 +262,94 @@ if command -v python3 >/dev/null 2>&1; then
   expect_usage_error "rms_norm_eps" info --model "$TMP/c3"
   config_with "$TMP/c4" n_routed_experts 1000000000
   expect_usage_error "n_routed_experts" info --model "$TMP/c4"
-  # An allocation that fails (a 3.2 GB rope table under a 2 GB address-space
-  # limit) is a named error, not an abort. Not under AddressSanitizer, whose
-  # shadow memory needs the address space.
+  # The memory plan (runtime/engine/memory_plan.h). A context of 200M
+  # positions: its KV cache for one sequence (and its rope table) cannot
+  # fit, so the plan refuses before allocating, at once and small, naming
+  # the items and a max_model_len that fits; --max-model-len 4096 runs.
+  config_with "$TMP/c6" max_position_embeddings 200000000
+  # measure ERR CMD...: runs CMD (stderr to ERR), then prints "<exit> <max
+  # RSS in KB> <seconds>".
+  measure() {
+    python3 -c '
+import resource, subprocess, sys, time
+t = time.monotonic()
+rc = subprocess.call(sys.argv[2:], stdout=subprocess.DEVNULL, stderr=open(sys.argv[1], "w"))
+print(rc, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, round(time.monotonic() - t, 3))
+' "$@"
+  }
+  read -r rc rss secs < <(measure "$TMP/err" "$MLAG" run --model "$TMP/c6" --device host \
+    --num-requests 1 --max-tokens 2)
+  if [ "$rc" = 2 ] && [ "$rss" -lt 1000000 ] && python3 -c "import sys; sys.exit(not $secs < 2)" &&
+    grep -q "KV for one 200000000-token sequence" "$TMP/err" &&
+    grep -q "lower --max-model-len (at most [0-9]* fits)" "$TMP/err"; then
+    ok
+  else
+    bad "200M positions: exit $rc, ${rss} KB, ${secs} s: $(cat "$TMP/err")"
+  fi
+  read -r rc rss secs < <(measure "$TMP/err" "$MLAG" run --model "$TMP/c6" --device host \
+    --num-requests 1 --max-tokens 2 --max-model-len 4096)
+  if [ "$rc" = 0 ] && [ "$rss" -lt 1000000 ]; then
+    ok
+  else
+    bad "200M positions, --max-model-len 4096: exit $rc, ${rss} KB: $(cat "$TMP/err")"
+  fi
+  # Under a 2 GB address-space limit the plan divides what is left of it:
+  # tiny-v3 runs within it, small (7.9 GB of f32 weights) is refused by the
+  # plan, not killed. Not under AddressSanitizer, whose shadow memory needs
+  # the address space.
   if ! ldd "$MLAG" 2>/dev/null | grep -q libasan; then
-    config_with "$TMP/c5" max_position_embeddings 50000000
-    (ulimit -v 2000000; "$MLAG" info --model "$TMP/c5" >/dev/null 2>"$TMP/err")
+    (ulimit -v 2000000; "$MLAG" run --model tiny-v3 --device host --num-requests 2 \
+      --max-tokens 3 >"$TMP/out" 2>"$TMP/err")
     rc=$?
-    if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q "out of memory" "$TMP/err"; then
+    if [ $rc -eq 0 ] && grep -q "ulimit -v" "$TMP/out"; then
       ok
     else
-      bad "a failed allocation: exit $rc, $(cat "$TMP/err")"
+      bad "tiny-v3 under ulimit -v 2 GB: exit $rc, $(cat "$TMP/err")"
     fi
+    (ulimit -v 2000000; "$MLAG" run --model small --device host --num-requests 1 \
+      --max-tokens 2 >/dev/null 2>"$TMP/err")
+    rc=$?
+    if [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q "weights 7.9 GB" "$TMP/err" &&
+      grep -q "usable (0.9 of .* available: ulimit -v 2.0 GB)" "$TMP/err"; then
+      ok
+    else
+      bad "small under ulimit -v 2 GB: exit $rc, $(cat "$TMP/err")"
+    fi
+  fi
+  # The same under a memory cgroup of 2 GB, where this user may make one (root
+  # with cgroup v1's memory hierarchy, or v2 with the memory controller on):
+  # the plan reads the cgroup's limit and usage.
+  cg="" limit_file=""
+  own=$(awk -F: '$2 ~ /(^|,)memory(,|$)/ {print $3}' /proc/self/cgroup)
+  if [ -n "$own" ] && [ -w "/sys/fs/cgroup/memory${own%/}" ]; then
+    cg="/sys/fs/cgroup/memory${own%/}/mlag-cli-test-$$" limit_file=memory.limit_in_bytes
+  else
+    own=$(awk -F: '$1 == "0" {print $3}' /proc/self/cgroup)
+    if [ -n "$own" ] && [ -w "/sys/fs/cgroup${own%/}" ] &&
+      grep -qw memory "/sys/fs/cgroup${own%/}/cgroup.subtree_control" 2>/dev/null; then
+      cg="/sys/fs/cgroup${own%/}/mlag-cli-test-$$" limit_file=memory.max
+    fi
+  fi
+  # in_cgroup ARGS...: mlag ARGS inside the cgroup (stdout, stderr to files).
+  in_cgroup() {
+    bash -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' _ "$cg" "$MLAG" "$@" \
+      >"$TMP/out" 2>"$TMP/err"
+  }
+  if [ -n "$cg" ] && mkdir "$cg" 2>/dev/null && echo 2000000000 >"$cg/$limit_file" 2>/dev/null; then
+    if in_cgroup run --model tiny-v3 --device host --num-requests 2 --max-tokens 3 &&
+      grep -q "available: cgroup .* limit 2.0 GB" "$TMP/out"; then
+      ok
+    else
+      bad "tiny-v3 in a 2 GB cgroup: $(cat "$TMP/err")"
+    fi
+    in_cgroup run --model small --device host --num-requests 1 --max-tokens 2
+    rc=$?
+    if [ $rc -eq 2 ] && grep -q "weights 7.9 GB .* available: cgroup .* limit 2.0 GB" "$TMP/err"; then
+      ok
+    else
+      bad "small in a 2 GB cgroup: exit $rc, $(cat "$TMP/err")"
+    fi
+    rmdir "$cg" 2>/dev/null
   fi
   # An infinite weight (bf16 0x7f80) in an expert: refused naming the tensor,
   # accepted with --trust-weights.

@@ -146,6 +146,15 @@ for m in mlag_requests_total mlag_generation_tokens_total mlag_step_seconds_sum 
          mlag_prefix_cache_hit_rate mlag_graph_replays_total; do
   grep -q "^$m" "$TMP/metrics.txt" && ok "metric $m" || bad "metric $m missing"
 done
+# The memory plan's bytes: allocated <= planned <= usable, all positive.
+mem() { awk -v k="$1" '$1 == "mlag_memory_bytes{kind=\"" k "\"}" {printf "%.0f", $2}' "$TMP/metrics.txt"; }
+usable=$(mem usable) planned=$(mem planned) allocated=$(mem allocated)
+if [ -n "$allocated" ] && [ "$allocated" -gt 0 ] && [ "$allocated" -le "$planned" ] &&
+  [ "$planned" -le "$usable" ]; then
+  ok "memory plan metrics ($allocated <= $planned <= $usable)"
+else
+  bad "memory plan metrics: usable '$usable' planned '$planned' allocated '$allocated'"
+fi
 
 # Expert parallelism: two host thread ranks give every request exactly the
 # tokens and logprobs of the single engine (the host is batch-invariant at

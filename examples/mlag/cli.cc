@@ -85,13 +85,22 @@ void EngineFlags::Register(CLI::App* app) {
   app->add_option("--model", model, ModelHelp())->required();
   app->add_option("--device", device, "auto, host, cuda or cuda:N");
   app->add_option("--graph-mode", graph_mode, "full-decode (default) or none");
-  app->add_option("--kv-cache-bytes", kv_cache_bytes, "bytes of KV cache")->check(AtLeast(1));
+  app->add_option("--kv-cache-bytes", kv_cache_bytes,
+                  "bytes of KV cache (default: what the memory plan leaves of the usable "
+                  "memory; mlag info shows the plan)")
+      ->check(AtLeast(1));
+  app->add_option("--memory-utilization", memory_utilization,
+                  "fraction of the memory the device has available that the plan may use "
+                  "(default 0.9)")
+      ->check(UnitInterval());
   app->add_option("--max-num-seqs", max_num_seqs, "most sequences per step")->check(AtLeast(1));
   app->add_option("--max-num-batched-tokens", max_num_batched_tokens,
                   "token budget per step (chunked prefill)")
       ->check(AtLeast(1));
   app->add_option("--block-size", block_size, "tokens per KV block")->check(AtLeast(1));
-  app->add_option("--max-model-len", max_model_len, "longest sequence (0: model default)")
+  app->add_option("--max-model-len", max_model_len,
+                  "longest sequence, prompt and output (0: the model's "
+                  "max_position_embeddings)")
       ->check(AtLeast(0));
   app->add_flag("--no-prefix-caching", no_prefix_caching, "disable prefix caching");
   app->add_option("--step-overlap", step_overlap,
@@ -124,6 +133,7 @@ absl::StatusOr<EngineOptions> EngineFlags::ToOptions() const {
   o.device = device;
   MLAG_ASSIGN_OR_RETURN(o.graph_mode, ParseGraphMode(graph_mode));
   o.kv_cache_bytes = static_cast<size_t>(kv_cache_bytes);
+  o.memory_utilization = memory_utilization;
   o.max_num_seqs = max_num_seqs;
   o.max_num_batched_tokens = max_num_batched_tokens;
   o.block_size = block_size;

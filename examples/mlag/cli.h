@@ -42,7 +42,8 @@ struct EngineFlags {
   std::string device = "auto";
   std::string graph_mode = "full-decode";
   std::string step_overlap = "auto";
-  int64_t kv_cache_bytes = int64_t{256} << 20;
+  int64_t kv_cache_bytes = 0;  // 0: what the memory plan leaves
+  double memory_utilization = kDefaultMemoryUtilization;
   int max_num_seqs = 64;
   int max_num_batched_tokens = 512;
   int block_size = 64;

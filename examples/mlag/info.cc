@@ -1,7 +1,9 @@
 // mlag info: build a model on a device and describe it: shapes, MLA and MoE
-// settings, tensors and the bytes of its weights.
+// settings, tensors, the bytes of its weights, and the memory plan an engine
+// with the same flags would make (runtime/engine/memory_plan.h).
 //
-//   mlag info --model M [--device D]
+//   mlag info --model M [--device D] [engine flags: --memory-utilization,
+//             --max-model-len, --kv-cache-bytes, ...]
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -17,24 +19,33 @@
 namespace mlag::cli {
 namespace {
 
-struct InfoFlags {
-  std::string model;
-  std::string device = "auto";
-  std::string weight_dtype = "auto";
-};
-
-int Info(const InfoFlags& f) {
+int Info(const EngineFlags& f, bool plan_only) {
+  absl::StatusOr<EngineOptions> engine_options = f.ToOptions();
+  if (!engine_options.ok()) return Fail(engine_options.status());
   absl::StatusOr<std::unique_ptr<Device>> device = Device::Create(f.device);
   if (!device.ok()) return Fail(device.status());
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<ModelSource> source = OpenModel(f.model);
   if (!source.ok()) return Fail(source.status());
+  // The plan first: a model that cannot fit is refused before any weight
+  // is read.
+  absl::StatusOr<MemoryPlanRequest> request = MemoryPlanRequestFor(*engine_options, **device);
+  if (!request.ok()) return Fail(request.status());
+  absl::StatusOr<MemoryPlan> plan = PlanMemory(*source, device->get(), *request);
+  if (!plan.ok()) return Fail(plan.status());
+  if (plan_only) {
+    std::printf("model: %s on %s\n", source->description.c_str(), (*device)->name().c_str());
+    std::printf("memory plan (max_model_len %d%s):\n", plan->max_model_len,
+                plan->max_model_len_given ? "" : ", the model's max_position_embeddings");
+    for (const std::string& line : plan->Lines()) std::printf("%s\n", line.c_str());
+    return 0;
+  }
   ModelOptions options;
   options.max_tokens = 64;
   options.max_seqs = 8;
-  absl::StatusOr<WeightFormat> format = ParseWeightFormat(f.weight_dtype);
-  if (!format.ok()) return Fail(format.status());
-  options.weight_format = *format;
+  options.weight_format = request->runner.weight_format;
+  options.local_experts = request->runner.local_experts;
+  options.max_positions = plan->max_model_len;
   absl::StatusOr<std::unique_ptr<DeepseekModel>> built =
       BuildModel(*source, device->get(), options);
   if (!built.ok()) return Fail(built.status());
@@ -72,18 +83,24 @@ int Info(const InfoFlags& f) {
       "kv cache: %s by default on this device (--kv-cache-dtype auto of run, serve and bench)\n",
       std::string(DTypeName(DefaultKvCacheDtype(**device))).c_str());
   std::printf("built in %.2f s\n", seconds);
+  std::printf("memory plan (max_model_len %d%s; run and serve make it with the same flags):\n",
+              plan->max_model_len,
+              plan->max_model_len_given ? "" : ", the model's max_position_embeddings");
+  for (const std::string& line : plan->Lines()) std::printf("%s\n", line.c_str());
   return 0;
 }
 
 }  // namespace
 
 Command AddInfoCommand(CLI::App& app) {
-  auto f = std::make_shared<InfoFlags>();
-  CLI::App* info = app.add_subcommand("info", "build a model and describe it");
-  info->add_option("--model", f->model, ModelHelp())->required();
-  info->add_option("--device", f->device, "auto, host, cuda or cuda:N");
-  AddWeightDtype(info, &f->weight_dtype);
-  return {info, [f] { return Info(*f); }};
+  auto f = std::make_shared<EngineFlags>();
+  CLI::App* info =
+      app.add_subcommand("info", "build a model and describe it, with its memory plan");
+  f->Register(info);
+  auto plan_only = std::make_shared<bool>(false);
+  info->add_flag("--plan", *plan_only,
+                 "print the memory plan only, without building the model (reads no weight)");
+  return {info, [f, plan_only] { return Info(*f, *plan_only); }};
 }
 
 }  // namespace mlag::cli

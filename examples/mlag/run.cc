@@ -191,6 +191,9 @@ absl::Status RunSingle(const RunFlags& f, const EngineOptions& options,
   report->kv_blocks_used = stats.kv_blocks_used;
   report->kv_block_size = stats.kv_block_size;
   report->kv_bytes_per_token = stats.kv_bytes_per_token;
+  report->has_memory_plan = true;
+  report->memory_plan = engine->memory_plan();
+  report->memory_allocated_bytes = stats.memory_allocated_bytes;
   return absl::OkStatus();
 }
 

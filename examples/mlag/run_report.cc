@@ -36,6 +36,34 @@ Json RequestJson(const RequestResult& r, bool with_logprobs) {
   return j;
 }
 
+}  // namespace
+
+Json MemoryPlanJson(const MemoryPlan& p, size_t allocated_bytes) {
+  Json items = Json::array();
+  for (const MemoryPlanItem& item : p.items) {
+    items.push_back({{"name", item.name}, {"bytes", item.bytes}, {"detail", item.detail}});
+  }
+  Json j = {{"device", p.device},
+            {"available_bytes", p.budget.available},
+            {"total_bytes", p.budget.total},
+            {"source", p.budget.source},
+            {"memory_utilization", p.memory_utilization},
+            {"memory_share", p.memory_share},
+            {"usable_bytes", p.usable_bytes},
+            {"planned_bytes", p.planned_bytes()},
+            {"max_model_len", p.max_model_len},
+            {"max_model_len_given", p.max_model_len_given},
+            {"kv_cache_given", p.kv_cache_given},
+            {"kv_blocks", p.kv_blocks},
+            {"kv_block_bytes", p.kv_block_bytes},
+            {"kv_tokens", p.kv_tokens()},
+            {"items", std::move(items)}};
+  if (allocated_bytes > 0) j["allocated_bytes"] = allocated_bytes;
+  return j;
+}
+
+namespace {
+
 void PrintJson(const RunReport& r) {
   Json j;
   j["requests"] = Json::array();
@@ -73,6 +101,7 @@ void PrintJson(const RunReport& r) {
                             {"p99", Percentile(r.step_ms, 0.99)}};
   }
   if (r.kv_blocks_total > 0) s["kv_blocks_total"] = r.kv_blocks_total;
+  if (r.has_memory_plan) s["memory_plan"] = MemoryPlanJson(r.memory_plan, r.memory_allocated_bytes);
   if (r.ep > 0) {
     s["ep"] = r.ep;
     s["ep_backend"] = r.ep_backend;
@@ -126,6 +155,13 @@ void PrintText(const RunReport& r) {
           r.open_model_seconds, r.build_model_seconds, r.kv_pool_seconds, r.warmup_seconds,
           r.capture_seconds, r.first_token_seconds);
     }
+  }
+  if (r.has_memory_plan) {
+    std::printf("memory plan (max_model_len %d%s):\n", r.memory_plan.max_model_len,
+                r.memory_plan.max_model_len_given ? "" : ", the model's max_position_embeddings");
+    for (const std::string& line : r.memory_plan.Lines()) std::printf("%s\n", line.c_str());
+    std::printf("  %-16s %10s  held by the planned items after the run\n", "allocated",
+                FormatBytes(static_cast<double>(r.memory_allocated_bytes)).c_str());
   }
   std::printf("requests: %zu, tokens in %lld, tokens out %lld, %.1f s, %.1f tokens/s out\n",
               r.requests.size(), static_cast<long long>(r.tokens_in),

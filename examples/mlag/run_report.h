@@ -7,7 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "nlohmann/json.hpp"
 #include "runtime/engine/expert_parallel.h"
+#include "runtime/engine/memory_plan.h"
 #include "runtime/engine/request.h"
 
 namespace mlag::cli {
@@ -44,12 +46,22 @@ struct RunReport {
   // KV pool (single rank only; 0 when unknown).
   int kv_blocks_total = 0, kv_blocks_used = 0, kv_block_size = 0;
   size_t kv_bytes_per_token = 0;
+  // The memory plan (single rank) and the bytes its items hold after the run.
+  bool has_memory_plan = false;
+  MemoryPlan memory_plan;
+  size_t memory_allocated_bytes = 0;
 
   // Expert parallelism (ep == 0: off).
   int ep = 0;
   std::string ep_backend;
   std::vector<ReconfigurationReport> reconfigurations;
 };
+
+// The memory plan as JSON: the device, its available memory and what bounds
+// it, the utilization, usable and planned bytes, max_model_len, the KV
+// blocks, and every item {name, bytes, detail}; with `allocated_bytes` when
+// nonzero (what the items hold).
+nlohmann::ordered_json MemoryPlanJson(const MemoryPlan& plan, size_t allocated_bytes = 0);
 
 // Fills the request and counter fields from an expert-parallel run.
 void AddExpertParallelResult(const EpRunResult& result, RunReport* report);

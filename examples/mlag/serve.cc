@@ -325,6 +325,12 @@ class Server {
     metric("mlag_kv_usage_ratio", "gauge", "Fraction of KV blocks in use.",
            {{"", m.kv_blocks_total > 0 ? static_cast<double>(m.kv_blocks_used) / m.kv_blocks_total
                                        : 0.0}});
+    metric("mlag_memory_bytes", "gauge",
+           "The memory plan: its usable memory, the bytes planned, and the bytes the planned "
+           "items hold.",
+           {{"{kind=\"usable\"}", static_cast<double>(m.memory_usable_bytes)},
+            {"{kind=\"planned\"}", static_cast<double>(m.memory_planned_bytes)},
+            {"{kind=\"allocated\"}", static_cast<double>(m.memory_allocated_bytes)}});
     metric("mlag_prefix_cache_hit_rate", "gauge", "Prompt tokens found in the prefix cache.",
            {{"", m.prefix_queried_tokens > 0
                      ? static_cast<double>(m.prefix_hit_tokens) / m.prefix_queried_tokens
@@ -538,6 +544,10 @@ int Serve(const ServeFlags& f) {
   std::fprintf(stderr, "mlag serve: %s on %s, max_model_len %d\n",
                (*engine)->model_description().c_str(), (*engine)->device_name().c_str(),
                (*engine)->max_model_len());
+  std::fprintf(stderr, "memory plan%s:\n", f.ep > 1 ? " (each rank)" : "");
+  for (const std::string& line : (*engine)->memory_plan().Lines()) {
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
   Server server(*std::move(engine), options->model);
   httplib::Server http;
   const int threads = f.threads > 0 ? f.threads : f.max_pending + 8;

@@ -46,6 +46,9 @@ constexpr size_t kEngineOptionsV1Size =
     offsetof(mlag_engine_options, seed) + sizeof(mlag_engine_options::seed);
 constexpr size_t kEngineOptionsWeightDtypeSize =
     offsetof(mlag_engine_options, weight_dtype) + sizeof(mlag_engine_options::weight_dtype);
+constexpr size_t kEngineOptionsMemoryUtilizationSize =
+    offsetof(mlag_engine_options, memory_utilization) +
+    sizeof(mlag_engine_options::memory_utilization);
 constexpr size_t kSamplingParamsV1Size =
     offsetof(mlag_sampling_params, logprobs) + sizeof(mlag_sampling_params::logprobs);
 constexpr size_t kEngineStatsV1Size =
@@ -216,6 +219,7 @@ mlag_status mlag_engine_options_default(mlag_engine_options* options) {
     options->enable_prefix_caching = d.enable_prefix_caching ? 1 : 0;
     options->seed = 0;
     options->weight_dtype = "auto";
+    options->memory_utilization = d.memory_utilization;
     return Ok();
   });
 }
@@ -288,6 +292,10 @@ mlag_status mlag_engine_create(const mlag_engine_options* options, mlag_engine**
                              options->capture_sizes + options->num_capture_sizes);
     }
     o.enable_prefix_caching = options->enable_prefix_caching != 0;
+    if (options->struct_size >= kEngineOptionsMemoryUtilizationSize &&
+        options->memory_utilization != 0.0) {
+      o.memory_utilization = options->memory_utilization;
+    }
     if (options->struct_size >= kEngineOptionsWeightDtypeSize && options->weight_dtype != nullptr) {
       o.weight_dtype = options->weight_dtype;
     }

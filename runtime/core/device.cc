@@ -180,6 +180,19 @@ absl::StatusOr<size_t> Device::MemoryBytes() const {
 #endif
 }
 
+absl::StatusOr<MemoryBudget> Device::AvailableMemory() const {
+  if (kind_ == DeviceKind::kHost) return HostMemoryBudget();
+#if MLAG_HAVE_CUDA
+  MLAG_RETURN_IF_ERROR(MakeCurrent());
+  MemoryBudget budget;
+  MLAG_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&budget.available, &budget.total));
+  budget.source = "cudaMemGetInfo";
+  return budget;
+#else
+  return absl::InternalError("CUDA is not built in");
+#endif
+}
+
 absl::Status Device::MakeCurrent() const {
 #if MLAG_HAVE_CUDA
   if (kind_ == DeviceKind::kCuda) MLAG_CUDA_RETURN_IF_ERROR(cudaSetDevice(index_));

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "runtime/core/memory_budget.h"
 #include "runtime/core/tensor.h"
 
 namespace mlag {
@@ -76,6 +77,11 @@ class Device {
   // The device's memory in bytes: physical memory on the host, the GPU's
   // total memory on CUDA. For plausibility checks before large allocations.
   absl::StatusOr<size_t> MemoryBytes() const;
+
+  // The memory this process can still allocate on this device, and what
+  // bounds it: the host's budget (runtime/core/memory_budget.h), or
+  // cudaMemGetInfo's free memory on CUDA. What the memory plan divides.
+  absl::StatusOr<MemoryBudget> AvailableMemory() const;
 
   // Allocates `bytes` (64-byte aligned on the host). Zero bytes gives an empty
   // buffer. Fails with FailedPrecondition during a graph capture on this device.

@@ -84,6 +84,10 @@ absl::StatusOr<std::unique_ptr<AsyncEngine>> AsyncEngine::Create(const EngineOpt
           MLAG_ASSIGN_OR_RETURN(rank->own_engine, Engine::Create(o));
           rank->engine = rank->own_engine.get();
         }
+        // The plan and the KV pool are in the metrics before the first step.
+        const EngineStats stats = rank->engine->Stats();
+        std::lock_guard<std::mutex> lock(raw->mu_);
+        rank->stats = stats;
         return absl::OkStatus();
       }();
       const bool ok = status.ok();
@@ -159,7 +163,11 @@ AsyncEngineMetrics AsyncEngine::metrics() const {
   AsyncEngineMetrics m = metrics_;
   m.kv_blocks_used = m.kv_blocks_total = m.graph_replays = 0;
   m.prefix_hit_tokens = m.prefix_queried_tokens = 0;
+  m.memory_planned_bytes = m.memory_usable_bytes = m.memory_allocated_bytes = 0;
   for (const auto& rank : ranks_) {
+    m.memory_planned_bytes += static_cast<int64_t>(rank->stats.memory_planned_bytes);
+    m.memory_usable_bytes += static_cast<int64_t>(rank->stats.memory_usable_bytes);
+    m.memory_allocated_bytes += static_cast<int64_t>(rank->stats.memory_allocated_bytes);
     m.kv_blocks_used += rank->stats.kv_blocks_used;
     m.kv_blocks_total += rank->stats.kv_blocks_total;
     for (const auto& [size, count] : rank->stats.graph_replays) m.graph_replays += count;

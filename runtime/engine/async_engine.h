@@ -76,6 +76,8 @@ struct AsyncEngineMetrics {
   int64_t kv_blocks_used = 0, kv_blocks_total = 0;
   int64_t graph_replays = 0;
   int64_t prefix_hit_tokens = 0, prefix_queried_tokens = 0;
+  // The memory plans (EngineStats), summed over the ranks.
+  int64_t memory_planned_bytes = 0, memory_usable_bytes = 0, memory_allocated_bytes = 0;
 };
 
 class AsyncEngine {
@@ -100,6 +102,8 @@ class AsyncEngine {
   // Fixed after Create; safe from any thread.
   const ModelConfig& config() const { return front().config(); }
   int max_model_len() const { return front().max_model_len(); }
+  // The first rank's memory plan (every rank makes its own).
+  const MemoryPlan& memory_plan() const { return front().memory_plan(); }
   absl::StatusOr<const Tokenizer*> tokenizer() const { return front().tokenizer(); }
   const std::string& model_description() const { return front().model_description(); }
   std::string device_name() const;

@@ -17,6 +17,37 @@ DType DefaultKvCacheDtype(const Device& device) {
   return device.is_cuda() ? DType::kBF16 : DType::kF32;
 }
 
+absl::StatusOr<MemoryPlanRequest> MemoryPlanRequestFor(const EngineOptions& options,
+                                                       const Device& device) {
+  MemoryPlanRequest r;
+  RunnerConfig& rc = r.runner;
+  rc.kv_dtype = DefaultKvCacheDtype(device);
+  if (options.kv_cache_dtype != "auto") {
+    MLAG_ASSIGN_OR_RETURN(rc.kv_dtype, ParseDType(options.kv_cache_dtype));
+    if (rc.kv_dtype != DType::kF32 && rc.kv_dtype != DType::kBF16) {
+      return absl::InvalidArgumentError(absl::StrCat("KV cache dtype '", options.kv_cache_dtype,
+                                                     "': expected auto, f32 or bf16"));
+    }
+  }
+  rc.max_num_seqs = options.max_num_seqs;
+  rc.max_num_batched_tokens = options.max_num_batched_tokens;
+  rc.max_model_len = options.max_model_len;
+  rc.block_size = options.block_size;
+  rc.graph_mode = options.graph_mode;
+  MLAG_ASSIGN_OR_RETURN(rc.weight_format, ParseWeightFormat(options.weight_dtype));
+  rc.capture_sizes = options.capture_sizes;
+  rc.local_experts = options.local_experts;
+  rc.max_ep_ranks =
+      std::max(options.max_ep_ranks, options.ep_group != nullptr ? options.ep_group->size() : 1);
+  r.kv_cache_bytes = options.kv_cache_bytes;
+  r.reconfiguration_expert_slots = options.reconfiguration_expert_slots;
+  r.memory_utilization = options.memory_utilization;
+  // Host ranks of an expert-parallel group share the host's memory: each
+  // plans for its part of the largest group it may join.
+  r.memory_share = options.memory_share / (device.is_cuda() ? 1 : rc.max_ep_ranks);
+  return r;
+}
+
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   std::unique_ptr<Engine> e(new Engine());
   e->options_ = options;
@@ -45,38 +76,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   if (options.chat_format != "auto") {
     MLAG_RETURN_IF_ERROR(ParseChatFormat(options.chat_format).status());
   }
-  const ModelConfig& mc = source.config;
-  e->max_model_len_ = options.max_model_len > 0 ? options.max_model_len
-                                                : std::min(mc.max_position_embeddings, 4096);
-  if (e->max_model_len_ > mc.max_position_embeddings) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_model_len ", e->max_model_len_, " exceeds the model's ",
-                     "max_position_embeddings ", mc.max_position_embeddings));
-  }
-  DType kv_dtype = DefaultKvCacheDtype(*e->device_);
-  if (options.kv_cache_dtype != "auto") {
-    MLAG_ASSIGN_OR_RETURN(kv_dtype, ParseDType(options.kv_cache_dtype));
-    if (kv_dtype != DType::kF32 && kv_dtype != DType::kBF16) {
-      return absl::InvalidArgumentError(absl::StrCat("KV cache dtype '", options.kv_cache_dtype,
-                                                     "': expected auto, f32 or bf16"));
-    }
-  }
-  // Compared with the device before anything is allocated: a pool larger
-  // than the memory fails here, naming the option, not deep in an allocator.
-  MLAG_ASSIGN_OR_RETURN(const size_t memory, e->device_->MemoryBytes());
-  if (options.kv_cache_bytes > memory) {
-    return absl::ResourceExhaustedError(absl::StrCat("kv_cache_bytes ", options.kv_cache_bytes,
-                                                     " exceeds the ", memory,
-                                                     " bytes of memory of ", e->device_->name()));
-  }
-  const size_t bytes_per_block = static_cast<size_t>(options.block_size) * mc.num_hidden_layers *
-                                 mc.kv_cache_row() * DTypeSize(kv_dtype);
-  const size_t num_blocks = options.kv_cache_bytes / bytes_per_block;
-  if (num_blocks < 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "kv cache of ", options.kv_cache_bytes, " bytes holds ", num_blocks, " blocks of ",
-        bytes_per_block, " bytes; at least 2 are needed (block 0 is reserved)"));
-  }
   if (options.step_overlap != "auto" && options.step_overlap != "on" &&
       options.step_overlap != "off") {
     return absl::InvalidArgumentError(
@@ -90,19 +89,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   e->overlap_ =
       options.ep_group == nullptr &&
       (options.step_overlap == "on" || (options.step_overlap == "auto" && e->device_->is_cuda()));
-  RunnerConfig rc;
-  rc.max_num_seqs = options.max_num_seqs;
-  rc.max_num_batched_tokens = options.max_num_batched_tokens;
+  // Everything sized before anything is allocated.
+  MLAG_ASSIGN_OR_RETURN(MemoryPlanRequest plan_request, MemoryPlanRequestFor(options, *e->device_));
+  MLAG_ASSIGN_OR_RETURN(e->memory_plan_, PlanMemory(source, e->device_.get(), plan_request));
+  e->max_model_len_ = e->memory_plan_.max_model_len;
+  RunnerConfig rc = plan_request.runner;
   rc.max_model_len = e->max_model_len_;
-  rc.block_size = options.block_size;
-  rc.num_blocks = static_cast<int>(std::min<size_t>(num_blocks, 1 << 24));
-  rc.graph_mode = options.graph_mode;
-  rc.kv_dtype = kv_dtype;
-  MLAG_ASSIGN_OR_RETURN(rc.weight_format, ParseWeightFormat(options.weight_dtype));
-  rc.capture_sizes = options.capture_sizes;
-  rc.local_experts = options.local_experts;
-  rc.max_ep_ranks =
-      std::max(options.max_ep_ranks, options.ep_group != nullptr ? options.ep_group->size() : 1);
+  rc.num_blocks = e->memory_plan_.kv_blocks;
   MLAG_ASSIGN_OR_RETURN(e->runner_, ModelRunner::Create(source, e->device_.get(), rc));
   if (options.ep_peer_timeout > absl::ZeroDuration()) {
     Engine* engine = e.get();
@@ -448,6 +441,26 @@ std::vector<RequestId> Engine::request_ids() const {
   return ids;
 }
 
+absl::Status Engine::CheckFitsPlan(size_t extra_bytes, absl::string_view what) const {
+  size_t held = 0;
+  for (const auto& [item, bytes] : runner_->AllocatedBytes()) held += bytes;
+  const MemoryPlan& p = memory_plan_;
+  // The runtime reserve stays a margin.
+  const size_t reserve = p.item_bytes("runtime reserve");
+  if (static_cast<double>(held) + reserve + extra_bytes <= static_cast<double>(p.usable_bytes)) {
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what, " ", FormatBytes(static_cast<double>(extra_bytes)), " + the ",
+      FormatBytes(static_cast<double>(held)), " the plan's items hold + runtime reserve ",
+      FormatBytes(static_cast<double>(reserve)), " exceed ",
+      FormatBytes(static_cast<double>(p.usable_bytes)), " usable (", p.memory_utilization, " of ",
+      FormatBytes(static_cast<double>(p.budget.available)), " available: ", p.budget.source,
+      ") on ", p.device,
+      "; plan for it at start-up (reconfigurations given up front reserve it) or lower "
+      "--kv-cache-bytes"));
+}
+
 EngineStats Engine::Stats() const {
   EngineStats s;
   const RunnerStats& rs = runner_->stats();
@@ -471,6 +484,9 @@ EngineStats Engine::Stats() const {
   s.capture_seconds = rs.capture_seconds;
   s.preemptions = scheduler_->num_preemptions();
   s.num_graphs = runner_->num_graphs();
+  s.memory_planned_bytes = memory_plan_.planned_bytes();
+  s.memory_usable_bytes = memory_plan_.usable_bytes;
+  for (const auto& [item, bytes] : runner_->AllocatedBytes()) s.memory_allocated_bytes += bytes;
   return s;
 }
 

@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "runtime/engine/kv_cache_manager.h"
+#include "runtime/engine/memory_plan.h"
 #include "runtime/engine/model_runner.h"
 #include "runtime/engine/request.h"
 #include "runtime/engine/scheduler.h"
@@ -39,10 +40,30 @@ namespace mlag {
 // CUDA's tokens with the host's.
 DType DefaultKvCacheDtype(const Device& device);
 
+struct EngineOptions;
+
+// The memory plan request (memory_plan.h) an engine with `options` makes on
+// `device`: what `mlag info` plans without building an engine.
+absl::StatusOr<MemoryPlanRequest> MemoryPlanRequestFor(const EngineOptions& options,
+                                                       const Device& device);
+
 struct EngineOptions {
   std::string model = "tiny-v3";  // built-in name or checkpoint directory
   std::string device = "auto";    // auto, host, cuda, cuda:N
-  size_t kv_cache_bytes = size_t{256} << 20;
+  // Bytes of KV cache; 0: what the memory plan leaves of the usable memory
+  // once everything else is counted (runtime/engine/memory_plan.h).
+  size_t kv_cache_bytes = 0;
+  // The fraction of the memory the device has available that the plan may
+  // use (vLLM's --gpu-memory-utilization), in (0, 1].
+  double memory_utilization = kDefaultMemoryUtilization;
+  // This engine's part of that memory, in (0, 1]: 1/N for each of N
+  // expert-parallel ranks that share one host's memory.
+  double memory_share = 1.0;
+  // Expert parallelism: the routed experts a layer this rank holds after
+  // each reconfiguration given up front, in order (0: it leaves). The plan
+  // holds back what migration needs beside the old buffers ("expert
+  // migration").
+  std::vector<int> reconfiguration_expert_slots;
   // KV cache element type: "auto" (DefaultKvCacheDtype: bf16 on CUDA, f32
   // on the host), "f32" or "bf16".
   std::string kv_cache_dtype = "auto";
@@ -58,7 +79,10 @@ struct EngineOptions {
   int block_size = 64;
   int max_num_seqs = 64;
   int max_num_batched_tokens = 512;
-  int max_model_len = 0;  // 0: min(max_position_embeddings, 4096)
+  // The longest sequence, prompt and output together; it sizes the rope
+  // table and the block tables. 0: the config's max_position_embeddings
+  // (the plan refuses when its KV cache cannot hold one such sequence).
+  int max_model_len = 0;
   GraphMode graph_mode = GraphMode::kFullDecode;
   std::vector<int> capture_sizes;  // empty: the default list
   // The overlapped loop (see Engine::Step): "auto" (on for CUDA without an
@@ -138,11 +162,18 @@ struct EngineStats {
   double capture_seconds = 0.0;
   int64_t preemptions = 0;
   int num_graphs = 0;
+  // The memory plan (Engine::memory_plan): its total and the usable memory
+  // it was made against, and the bytes the planned items hold now (the
+  // runtime reserve is a margin, not an allocation).
+  size_t memory_planned_bytes = 0;
+  size_t memory_usable_bytes = 0;
+  size_t memory_allocated_bytes = 0;
 };
 
 class Engine {
  public:
-  // Opens the model, sizes the KV pool from kv_cache_bytes, builds the runner
+  // Opens the model, makes the memory plan (which sizes max_model_len and
+  // the KV pool, or refuses before anything is allocated), builds the runner
   // and captures the graphs.
   static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options);
 
@@ -203,6 +234,11 @@ class Engine {
            !undelivered_.finished.empty();
   }
 
+  // Whether `extra_bytes` more (named by `what`) fit the memory plan beside
+  // everything the planned items hold now: ResourceExhausted naming them,
+  // the usable memory and a fix otherwise. Before an expert migration.
+  absl::Status CheckFitsPlan(size_t extra_bytes, absl::string_view what) const;
+
   // Collects every step in flight (the overlapped loop): their tokens are
   // applied to their requests now, and delivered by the next Step.
   absl::Status Drain();
@@ -214,6 +250,8 @@ class Engine {
 
   const ModelConfig& config() const { return runner_->model().config(); }
   int max_model_len() const { return max_model_len_; }
+  // The plan Create sized everything by.
+  const MemoryPlan& memory_plan() const { return memory_plan_; }
   ModelRunner& runner() { return *runner_; }
   KvCacheManager& kv_cache() { return *kv_; }
   Device& device() { return *device_; }
@@ -236,6 +274,7 @@ class Engine {
   std::map<RequestId, std::unique_ptr<Request>> requests_;
   RequestId next_id_ = 0;
   int max_model_len_ = 0;
+  MemoryPlan memory_plan_;
   int64_t steps_ = 0;
   int64_t overlapped_steps_ = 0;
   int64_t fed_tokens_ = 0;

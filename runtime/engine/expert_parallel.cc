@@ -277,6 +277,12 @@ absl::Status EpRank::BuildEngine(const EngineOptions& options) {
   o.ep_peer_timeout = ep_.peer_timeout;
   o.ep_control = control_;
   o.ep_startup_timeout = ep_.startup_timeout;
+  // The expert sets reconfigurations given up front give this rank: the plan
+  // holds back what migration needs beside the old buffers.
+  for (const ReconfigureAt& r : ep_.reconfigure) {
+    o.reconfiguration_expert_slots.push_back(
+        static_cast<int>(EvenPlacement(E, r.size).ExpertsOf(world_->rank()).size()));
+  }
   MLAG_ASSIGN_OR_RETURN(engine_, Engine::Create(o));
   group_.Bind(engine_.get());
   return absl::OkStatus();
@@ -312,6 +318,28 @@ absl::StatusOr<ReconfigurationReport> EpRank::Reconfigure(int step, int new_size
     report.seconds.emplace_back(name, Since(t0));
   };
 
+  // Every rank's new expert buffers must fit its memory plan beside the old
+  // ones, or no rank moves anything: refused before any page moves.
+  const ExpertPlacement to = EvenPlacement(placement_.num_experts, new_size);
+  const std::vector<int> next = in_new ? to.ExpertsOf(me) : std::vector<int>();
+  absl::Status fits = absl::OkStatus();
+  if (next != placement_.ExpertsOf(me)) {
+    fits = engine_->CheckFitsPlan(
+        runner.model().ExpertBufferBytes(static_cast<int>(next.size())),
+        absl::StrCat("expert migration to ", new_size, " ranks: rank ", me, "'s new buffers (",
+                     next.empty() ? std::string("a one-slot placeholder")
+                                  : absl::StrCat(next.size(), " routed experts"),
+                     " a layer)"));
+  }
+  MLAG_ASSIGN_OR_RETURN(const int64_t all_fit,
+                        control_->AllReduceScalar(fits.ok() ? 1 : 0, ReduceOp::kMin));
+  if (!fits.ok()) return fits;
+  if (all_fit == 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "expert migration to ", new_size,
+        " ranks refused: another rank's new expert buffers do not fit its memory plan"));
+  }
+
   MLAG_ASSIGN_OR_RETURN(
       report.prefix_hit_tokens_before,
       control_->AllReduceScalar(engine_->kv_cache().hit_tokens(), ReduceOp::kSum));
@@ -336,7 +364,6 @@ absl::StatusOr<ReconfigurationReport> EpRank::Reconfigure(int step, int new_size
   phase("split", t0);
 
   t0 = Clock::now();
-  const ExpertPlacement to = EvenPlacement(placement_.num_experts, new_size);
   MLAG_RETURN_IF_ERROR(runner.model().MigrateExperts(runner.stream(), *world_, placement_, to));
   placement_ = to;
   phase("migrate", t0);

@@ -44,6 +44,68 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(ModelSource& so
   return runner;
 }
 
+absl::StatusOr<RunnerShape> RunnerShape::Of(const RunnerConfig& c) {
+  RunnerShape s;
+  s.capture_sizes = c.capture_sizes.empty()
+                        ? DefaultCaptureSizes(c.max_num_seqs, c.max_num_batched_tokens)
+                        : c.capture_sizes;
+  std::sort(s.capture_sizes.begin(), s.capture_sizes.end());
+  s.capture_sizes.erase(std::unique(s.capture_sizes.begin(), s.capture_sizes.end()),
+                        s.capture_sizes.end());
+  if (!s.capture_sizes.empty() && s.capture_sizes.front() < 1) {
+    return absl::InvalidArgumentError("capture sizes must be positive");
+  }
+  const int max_capture = s.capture_sizes.empty() ? 0 : s.capture_sizes.back();
+  s.max_rows = std::max(c.max_num_batched_tokens, max_capture);
+  s.max_seq_rows = std::max(c.max_num_seqs, max_capture);
+  s.max_blocks_per_seq = (c.max_model_len + c.block_size - 1) / c.block_size;
+  return s;
+}
+
+std::vector<std::pair<DType, std::vector<int64_t>>> RunnerShape::InputFields() const {
+  const int64_t R = max_rows, S = max_seq_rows;
+  // The order of ModelRunner::Init's fields.
+  return {{DType::kI32, {R}},
+          {DType::kI32, {R}},
+          {DType::kI64, {R}},
+          {DType::kI32, {S}},
+          {DType::kI32, {S + 1}},
+          {DType::kI32, {S}},
+          {DType::kF32, {S}},
+          {DType::kI32, {S}},
+          {DType::kF32, {S}},
+          {DType::kI64, {S}},
+          {DType::kI64, {S}},
+          {DType::kI32, {S}},
+          {DType::kI32, {S}},
+          {DType::kI32, {S, kMaxFeedStopIds}},
+          {DType::kI32, {S, max_blocks_per_seq}}};
+}
+
+size_t RunnerShape::InputBytes() const {
+  size_t bytes = 0;
+  for (const auto& [dtype, shape] : InputFields()) {
+    bytes += (Tensor(nullptr, dtype, shape).nbytes() + 63) / 64 * 64;
+  }
+  return bytes;
+}
+
+size_t RunnerShape::DeviceBufferBytes(const RunnerConfig& c, bool cuda) const {
+  // The inputs, the sampled tokens, and (CUDA) the top log-probabilities.
+  return InputBytes() + static_cast<size_t>(max_seq_rows) * sizeof(int32_t) +
+         (cuda ? TopLogprobBytes(c) : 0);
+}
+
+size_t RunnerShape::StagingBytes(const RunnerConfig& c, bool cuda) const {
+  // Two slots, each a copy of the inputs, its sampled tokens and (CUDA) its
+  // top log-probabilities.
+  return 2 * DeviceBufferBytes(c, cuda);
+}
+
+size_t RunnerShape::TopLogprobBytes(const RunnerConfig& c) {
+  return size_t{2} * c.max_num_seqs * kMaxTopLogprobs * sizeof(int32_t);
+}
+
 absl::Status ModelRunner::Init(ModelSource& source) {
   const RunnerConfig& c = config_;
   if (c.kv_dtype != DType::kF32 && c.kv_dtype != DType::kBF16) {
@@ -56,19 +118,11 @@ absl::Status ModelRunner::Init(ModelSource& source) {
         "runner needs max_num_seqs, max_num_batched_tokens, block_size, max_model_len >= 1 "
         "and at least 2 KV blocks");
   }
-  capture_sizes_ = c.capture_sizes.empty()
-                       ? DefaultCaptureSizes(c.max_num_seqs, c.max_num_batched_tokens)
-                       : c.capture_sizes;
-  std::sort(capture_sizes_.begin(), capture_sizes_.end());
-  capture_sizes_.erase(std::unique(capture_sizes_.begin(), capture_sizes_.end()),
-                       capture_sizes_.end());
-  if (!capture_sizes_.empty() && capture_sizes_.front() < 1) {
-    return absl::InvalidArgumentError("capture sizes must be positive");
-  }
-  const int max_capture = capture_sizes_.empty() ? 0 : capture_sizes_.back();
-  max_rows_ = std::max(c.max_num_batched_tokens, max_capture);
-  max_seq_rows_ = std::max(c.max_num_seqs, max_capture);
-  max_blocks_per_seq_ = (c.max_model_len + c.block_size - 1) / c.block_size;
+  MLAG_ASSIGN_OR_RETURN(const RunnerShape shape, RunnerShape::Of(c));
+  capture_sizes_ = shape.capture_sizes;
+  max_rows_ = shape.max_rows;
+  max_seq_rows_ = shape.max_seq_rows;
+  max_blocks_per_seq_ = shape.max_blocks_per_seq;
 
   MLAG_ASSIGN_OR_RETURN(stream_, Stream::Create(device_));
   ModelOptions mo;
@@ -77,6 +131,7 @@ absl::Status ModelRunner::Init(ModelSource& source) {
   mo.local_experts = c.local_experts;
   mo.max_ep_ranks = c.max_ep_ranks;
   mo.weight_format = c.weight_format;
+  mo.max_positions = c.max_model_len;
   using Clock = std::chrono::steady_clock;
   const Clock::time_point t_build = Clock::now();
   MLAG_ASSIGN_OR_RETURN(model_, BuildModel(source, device_, mo));
@@ -105,29 +160,35 @@ absl::Status ModelRunner::Init(ModelSource& source) {
     DType dtype;
     std::vector<int64_t> shape;
   };
-  const Field fields[] = {
-      {&input_ids_, &StagedInputs::input_ids, DType::kI32, {R}},
-      {&positions_, &StagedInputs::positions, DType::kI32, {R}},
-      {&slot_mapping_, &StagedInputs::slot_mapping, DType::kI64, {R}},
-      {&seq_lens_, &StagedInputs::seq_lens, DType::kI32, {S}},
-      {&query_start_loc_, &StagedInputs::query_start_loc, DType::kI32, {S + 1}},
-      {&logits_indices_, &StagedInputs::logits_indices, DType::kI32, {S}},
-      {&temperature_, &StagedInputs::temperature, DType::kF32, {S}},
-      {&top_k_, &StagedInputs::top_k, DType::kI32, {S}},
-      {&top_p_, &StagedInputs::top_p, DType::kF32, {S}},
-      {&seeds_, &StagedInputs::seeds, DType::kI64, {S}},
-      {&steps_, &StagedInputs::steps, DType::kI64, {S}},
-      {&logprobs_k_, &StagedInputs::logprobs_k, DType::kI32, {S}},
-      {&feed_src_, &StagedInputs::feed_src, DType::kI32, {S}},
-      {&stop_ids_, &StagedInputs::stop_ids, DType::kI32, {S, kMaxFeedStopIds}},
+  // Dtypes and shapes from RunnerShape::InputFields (the memory plan's
+  // figure), in its order.
+  Field fields[] = {
+      {&input_ids_, &StagedInputs::input_ids},
+      {&positions_, &StagedInputs::positions},
+      {&slot_mapping_, &StagedInputs::slot_mapping},
+      {&seq_lens_, &StagedInputs::seq_lens},
+      {&query_start_loc_, &StagedInputs::query_start_loc},
+      {&logits_indices_, &StagedInputs::logits_indices},
+      {&temperature_, &StagedInputs::temperature},
+      {&top_k_, &StagedInputs::top_k},
+      {&top_p_, &StagedInputs::top_p},
+      {&seeds_, &StagedInputs::seeds},
+      {&steps_, &StagedInputs::steps},
+      {&logprobs_k_, &StagedInputs::logprobs_k},
+      {&feed_src_, &StagedInputs::feed_src},
+      {&stop_ids_, &StagedInputs::stop_ids},
       // Last, and by far the largest: a step uploads only its own rows.
-      {&block_table_, &StagedInputs::block_table, DType::kI32, {S, max_blocks_per_seq_}},
+      {&block_table_, &StagedInputs::block_table},
   };
+  const auto layout = shape.InputFields();
+  static_assert(std::size(fields) == 15, "one field per RunnerShape::InputFields entry");
   std::vector<size_t> offsets;
   size_t bytes = 0;
-  for (const Field& f : fields) {
+  for (size_t i = 0; i < std::size(fields); ++i) {
+    fields[i].dtype = layout[i].first;
+    fields[i].shape = layout[i].second;
     offsets.push_back(bytes);
-    bytes += (Tensor(nullptr, f.dtype, f.shape).nbytes() + 63) / 64 * 64;
+    bytes += (Tensor(nullptr, fields[i].dtype, fields[i].shape).nbytes() + 63) / 64 * 64;
   }
   block_table_offset_ = offsets.back();
   MLAG_ASSIGN_OR_RETURN(inputs_, device_->Allocate(bytes));
@@ -137,7 +198,7 @@ absl::Status ModelRunner::Init(ModelSource& source) {
         Tensor(static_cast<char*>(inputs_.data()) + offsets[i], f.dtype, f.shape, device_->kind());
   }
   // Two staging slots (model_runner.h), each with its pinned results.
-  const size_t top_bytes = size_t{2} * c.max_num_seqs * kMaxTopLogprobs * sizeof(int32_t);
+  const size_t top_bytes = RunnerShape::TopLogprobBytes(c);
   for (Slot& slot : slots_) {
     MLAG_ASSIGN_OR_RETURN(slot.staging, device_->AllocatePinned(bytes));
     std::memset(slot.staging.data(), 0, bytes);
@@ -167,6 +228,22 @@ absl::Status ModelRunner::Init(ModelSource& source) {
     MLAG_ASSIGN_OR_RETURN(top_logprobs_, device_->Allocate(top_bytes));
   }
   return stream_->Synchronize();
+}
+
+std::vector<std::pair<std::string, size_t>> ModelRunner::AllocatedBytes() const {
+  size_t kv = 0;
+  for (const Tensor& cache : kv_caches_) kv += cache.nbytes();
+  size_t statics = inputs_.bytes() + sampled_.nbytes() + top_logprobs_.bytes();
+  if (!stream_->is_cuda()) {
+    for (const Slot& slot : slots_) {
+      statics += slot.staging.bytes() + slot.sampled_host.bytes() + slot.top_logprobs_host.bytes();
+    }
+  }
+  return {{"weights", model_->weight_bytes()},
+          {"rope table", model_->rope_table_bytes()},
+          {"activations", model_->activation_bytes()},
+          {"static buffers", statics},
+          {"KV cache", kv}};
 }
 
 size_t ModelRunner::kv_bytes_per_token() const {

@@ -29,6 +29,8 @@
 
 #include <map>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -62,6 +64,28 @@ struct RunnerConfig {
   GraphMode graph_mode = GraphMode::kFullDecode;
   std::vector<int> capture_sizes;  // empty: DefaultCaptureSizes
   std::vector<int> local_experts;  // empty: all routed experts
+};
+
+// The sizes a runner's buffers take from its config, computed before
+// anything is allocated (the memory plan's figures are these).
+struct RunnerShape {
+  std::vector<int> capture_sizes;  // sorted, unique
+  int max_rows = 0;                // rows of the per-token buffers
+  int max_seq_rows = 0;            // rows of the per-sequence buffers
+  int max_blocks_per_seq = 0;      // block-table columns: max_model_len's blocks
+
+  static absl::StatusOr<RunnerShape> Of(const RunnerConfig& config);
+  // The static inputs' dtypes and shapes, in the order they are laid out.
+  std::vector<std::pair<DType, std::vector<int64_t>>> InputFields() const;
+  // Their bytes, each field 64-byte aligned.
+  size_t InputBytes() const;
+  // The runner's device buffers: inputs, sampled tokens, (CUDA) top
+  // log-probabilities.
+  size_t DeviceBufferBytes(const RunnerConfig& config, bool cuda) const;
+  // Its two pinned staging slots (host memory; the same memory as the device
+  // on the host).
+  size_t StagingBytes(const RunnerConfig& config, bool cuda) const;
+  static size_t TopLogprobBytes(const RunnerConfig& config);
 };
 
 // One sequence of a step, as the runner sees it.
@@ -195,6 +219,9 @@ class ModelRunner {
   const Graph* graph(int size) const;
   int num_graphs() const { return static_cast<int>(graphs_.size()); }
   const RunnerStats& stats() const { return stats_; }
+  // Bytes held, by the memory plan's items (memory_plan.h): "weights",
+  // "rope table", "activations", "static buffers", "KV cache".
+  std::vector<std::pair<std::string, size_t>> AllocatedBytes() const;
   const RunnerConfig& config() const { return config_; }
   DeepseekModel& model() { return *model_; }
   Stream& stream() { return *stream_; }

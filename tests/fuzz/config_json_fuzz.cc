@@ -1,6 +1,6 @@
 // Fuzz target: config.json. ParseModelConfig must return a status for any
-// bytes; a config it accepts must give a tensor list and a memory check
-// without overflow (checked by UBSan in the sanitizer build).
+// bytes; a config it accepts must give a tensor list and a memory plan of
+// its weights without overflow (checked by UBSan in the sanitizer build).
 #include <string>
 #include <vector>
 
@@ -10,6 +10,21 @@
 #include "runtime/checkpoint/model_config_json.h"
 #include "tests/fuzz/fuzz_target.h"
 
+namespace {
+
+// Every tensor present, stored as fp8: the plan's largest dtype mix.
+class Fp8Everywhere final : public mlag::WeightSource {
+ public:
+  absl::Status ReadF32(absl::string_view, absl::Span<const int64_t>, float*) override {
+    return absl::UnimplementedError("planning only");
+  }
+  mlag::DType StoredDType(absl::string_view) const override { return mlag::DType::kF8E4M3; }
+  bool Has(absl::string_view) const override { return true; }
+  std::vector<std::string> Unread() const override { return {}; }
+};
+
+}  // namespace
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   absl::StatusOr<mlag::ModelConfig> config = mlag::ParseModelConfig(text, "fuzz/config.json");
@@ -18,7 +33,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const mlag::TensorSpec& t : mlag::ExpectedTensors(*config)) elements += t.shape.size();
   (void)elements;
   static std::unique_ptr<mlag::Device> host = mlag::Device::Create("host").value();
-  (void)mlag::DeepseekModel::CheckFitsDevice(*config, mlag::WeightFormat::kFp8, *host);
+  mlag::ModelOptions options;
+  options.weight_format = mlag::WeightFormat::kAuto;
+  Fp8Everywhere source;
+  (void)mlag::DeepseekModel::PlanWeightBytes(*config, host.get(), source, options);
+  (void)mlag::DeepseekModel::RopeTableBytes(*config, options);
   return 0;
 }
 

@@ -160,6 +160,66 @@ TEST(ExpertParallelReconfigureTest, FourToTwoToThreeKeepsTokensAndKvPages) {
               static_cast<long long>(result->reconfigurations[1].prefix_hit_tokens_before));
 }
 
+// A migration that would not fit a rank's memory plan (the KV cache took
+// all that was left, and no reconfiguration was given up front) is refused
+// on every rank before anything moves; given up front, the plan holds its
+// buffers back ("expert migration") and the same move runs.
+TEST(ExpertParallelReconfigureTest, AMigrationBeyondThePlanIsRefusedBeforeAnythingMoves) {
+  for (bool given_up_front : {false, true}) {
+    SCOPED_TRACE(given_up_front ? "given up front" : "not planned");
+    EngineOptions options = Options("tiny-v3");
+    options.kv_cache_bytes = 0;         // what the plan leaves
+    options.memory_utilization = 0.02;  // of the host's available memory
+    EpOptions ep;
+    ep.world = 2;
+    if (given_up_front) ep.reconfigure = {{5, 1}};
+    auto comms = LocalCommunicator::CreateGroup(2);
+    std::vector<absl::Status> status(2);
+    std::vector<size_t> reserved(2), expected_reserve(2);
+    std::vector<std::vector<int>> experts_after(2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        auto rank = EpRank::Create(comms[r].get(), options, ep);
+        if (!rank.ok()) {
+          status[r] = rank.status();
+          return;
+        }
+        reserved[r] = (*rank)->engine().memory_plan().item_bytes("expert migration");
+        // Rank 0 ends with every expert, rank 1 with a one-slot placeholder:
+        // the new buffers, held beside the old.
+        const ModelConfig& c = (*rank)->engine().config();
+        expected_reserve[r] =
+            (*rank)->engine().runner().model().ExpertBufferBytes(r == 0 ? c.n_routed_experts : 0);
+        status[r] = (*rank)->Reconfigure(0, 1).status();
+        const Moe* moe = (*rank)->engine().runner().model().moe(1);
+        experts_after[r] = moe->local_experts();
+      });
+    }
+    for (auto& t : threads) t.join();
+    const ModelConfig config = BuiltinModelConfig("tiny-v3").value();
+    const ExpertPlacement two = EvenPlacement(config.n_routed_experts, 2);
+    if (given_up_front) {
+      for (int r = 0; r < 2; ++r) {
+        EXPECT_GT(reserved[r], 0u);
+        EXPECT_EQ(reserved[r], expected_reserve[r]) << "rank " << r;
+      }
+      for (int r = 0; r < 2; ++r) ASSERT_OK(status[r]) << "rank " << r;
+      EXPECT_EQ(experts_after[0].size(), static_cast<size_t>(config.n_routed_experts));
+    } else {
+      EXPECT_EQ(reserved[0], 0u);
+      EXPECT_THAT(status[0],
+                  ::mlag::testing::StatusIs(absl::StatusCode::kResourceExhausted,
+                                            ::testing::HasSubstr("expert migration to 1 ranks")));
+      EXPECT_THAT(status[1],
+                  ::mlag::testing::StatusIs(absl::StatusCode::kResourceExhausted,
+                                            ::testing::HasSubstr("expert migration to 1 ranks")));
+      // Nothing moved.
+      for (int r = 0; r < 2; ++r) EXPECT_EQ(experts_after[r], two.ExpertsOf(r)) << "rank " << r;
+    }
+  }
+}
+
 TEST(ExpertParallelReconfigureTest, MigratedExpertsEqualAFreshLoad) {
   const EngineOptions options = Options("tiny-v3");
   const ModelConfig config = BuiltinModelConfig("tiny-v3").value();

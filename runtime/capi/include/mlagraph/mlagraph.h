@@ -93,11 +93,12 @@ typedef struct mlag_engine_options {
   size_t struct_size;    /* sizeof(mlag_engine_options) */
   const char* model;     /* built-in name ("tiny-v3", "tiny-v2", "small") or checkpoint directory */
   const char* device;    /* "auto", "host", "cuda" or "cuda:N" */
-  size_t kv_cache_bytes; /* KV pool size; bounds how many tokens can be in flight */
+  size_t kv_cache_bytes; /* KV pool size; bounds how many tokens can be in flight. 0: what the
+                            engine's memory plan leaves of the usable memory (the default) */
   int max_num_seqs;      /* most sequences in one step */
   int max_num_batched_tokens; /* most tokens in one step */
   int block_size;             /* tokens per KV block */
-  int max_model_len;          /* prompt + output limit; 0: min(model's maximum, 4096) */
+  int max_model_len;          /* prompt + output limit; 0: the model's max_position_embeddings */
   const int* capture_sizes;   /* batch sizes to capture graphs for; NULL: the default list */
   size_t num_capture_sizes;   /* entries of capture_sizes */
   mlag_graph_mode graph_mode; /* MLAG_GRAPH_FULL_DECODE by default */
@@ -108,6 +109,12 @@ typedef struct mlag_engine_options {
      kept, anything else f32), "f32", "bf16" or "fp8" (e4m3 with 128 x 128
      block scales). NULL: "auto". Anything else is MLAG_INVALID_ARGUMENT. */
   const char* weight_dtype;
+  /* Added in 0.3 (read only when struct_size covers it): the fraction of
+     the memory the device has available that the engine's memory plan may
+     use, in (0, 1]. 0: 0.9. The plan sizes the KV cache (kv_cache_bytes 0)
+     and refuses, before allocating, a model that does not fit
+     (MLAG_OUT_OF_MEMORY, naming the largest items and a fix). */
+  double memory_utilization;
 } mlag_engine_options;
 
 /* Sampling of one request. Greedy when temperature <= 0. A request whose
