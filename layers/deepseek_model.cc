@@ -46,7 +46,8 @@ absl::StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::Create(const Model
 }
 
 size_t DeepseekModel::PlanWeightBytes(const ModelConfig& c, Device* device,
-                                      const WeightSource& source, const ModelOptions& options) {
+                                      const WeightSource& source, const ModelOptions& options,
+                                      size_t* mapping_overhead) {
   // Load's walk, tensor by tensor, on layers that are built but not loaded.
   const WeightArena arena(device, options.weight_format);
   WeightPlan plan(arena, source);
@@ -68,6 +69,7 @@ size_t DeepseekModel::PlanWeightBytes(const ModelConfig& c, Device* device,
   if (!c.tie_word_embeddings || source.Has("lm_head.weight")) {
     plan.AddLinear("lm_head.weight", {V, D}, /*allow_fp8=*/false);
   }
+  if (mapping_overhead != nullptr) *mapping_overhead = plan.mapping_overhead();
   return plan.bytes();
 }
 

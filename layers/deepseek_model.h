@@ -51,8 +51,11 @@ class DeepseekModel {
   // arena's tensors and the routed experts, in the dtypes `options` and the
   // device decide (WeightPlan), rope table excluded. Reads and allocates
   // nothing. weight_bytes() of the built model is this figure.
+  // `mapping_overhead` (optional): the address space those allocations
+  // take beyond their bytes on the host (WeightPlan::mapping_overhead).
   static size_t PlanWeightBytes(const ModelConfig& config, Device* device,
-                                const WeightSource& source, const ModelOptions& options);
+                                const WeightSource& source, const ModelOptions& options,
+                                size_t* mapping_overhead = nullptr);
   // The routed-expert buffers of every MoE layer for `slots` local experts
   // each (Moe::ExpertLayout), in the dtype Create would hold them in.
   static size_t PlanExpertBufferBytes(const ModelConfig& config, Device* device,

@@ -297,7 +297,12 @@ absl::Status WeightArena::FinishLoading() {
 }
 
 void WeightPlan::Add(std::initializer_list<int64_t> shape, DType dtype) {
-  bytes_ += Tensor(nullptr, dtype, shape).nbytes();
+  AddBytes(Tensor(nullptr, dtype, shape).nbytes());
+}
+
+void WeightPlan::AddBytes(size_t bytes) {
+  bytes_ += bytes;
+  if (!arena_.device().is_cuda()) mapping_overhead_ += Device::HostMappingOverhead(bytes);
 }
 
 void WeightPlan::AddLinear(const std::string& name, std::initializer_list<int64_t> shape,
@@ -311,7 +316,7 @@ void WeightPlan::AddLinearAs(std::initializer_list<int64_t> shape, DType dtype, 
   // AllocateLinearImpl's per-row scales.
   std::vector<int64_t> s(shape);
   s.back() = Fp8Blocks(s.back());
-  bytes_ += Tensor(nullptr, DType::kF32, s).nbytes();
+  AddBytes(Tensor(nullptr, DType::kF32, s).nbytes());
   // AddBlockScales.
   if (block_scales && arena_.device().is_cuda() && s.size() == 2) {
     const std::vector<int64_t> dims(shape);

@@ -150,19 +150,24 @@ class WeightPlan {
                  bool allow_fp8 = true);
   // AllocateLinear in `dtype`, then AddBlockScales when `block_scales`.
   void AddLinearAs(std::initializer_list<int64_t> shape, DType dtype, bool block_scales);
-  // Memory a layer allocates outside the arena (the routed experts).
-  void AddBytes(size_t bytes) { bytes_ += bytes; }
+  // Memory a layer allocates outside the arena (the routed experts), in one
+  // allocation.
+  void AddBytes(size_t bytes);
 
   DType LinearDType(const std::string& name, bool allow_fp8 = true) const {
     return arena_.LinearDType(source_, name, allow_fp8);
   }
   const Device& device() const { return arena_.device(); }
   size_t bytes() const { return bytes_; }
+  // The address space the allocations take beyond bytes() on the host
+  // (Device::HostMappingOverhead of each).
+  size_t mapping_overhead() const { return mapping_overhead_; }
 
  private:
   const WeightArena& arena_;
   const WeightSource& source_;
   size_t bytes_ = 0;
+  size_t mapping_overhead_ = 0;
 };
 
 }  // namespace mlag

@@ -1,6 +1,7 @@
 #include "runtime/core/device.h"
 
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -179,6 +180,22 @@ absl::StatusOr<size_t> Device::MemoryBytes() const {
   return absl::InternalError("CUDA is not built in");
 #endif
 }
+
+size_t Device::HostMappingOverhead(size_t bytes) {
+  // Allocate: rounded up to a huge page, and aligned on one (aligned_alloc
+  // maps up to one more); AllocateZeroed: the same, explicitly.
+  return bytes >= kHugePageMinBytes ? 2 * kHugePageBytes : 0;
+}
+
+size_t Device::HostThreadAddressSpace() {
+  rlimit stack{};
+  const size_t stack_bytes = getrlimit(RLIMIT_STACK, &stack) == 0 && stack.rlim_cur != RLIM_INFINITY
+                                 ? static_cast<size_t>(stack.rlim_cur)
+                                 : size_t{8} << 20;
+  return stack_bytes + (size_t{64} << 20);
+}
+
+int Device::HostThreadCount() { return static_cast<int>(HostThreads()); }
 
 absl::StatusOr<MemoryBudget> Device::AvailableMemory() const {
   if (kind_ == DeviceKind::kHost) return HostMemoryBudget();

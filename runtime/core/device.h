@@ -83,6 +83,16 @@ class Device {
   // cudaMemGetInfo's free memory on CUDA. What the memory plan divides.
   absl::StatusOr<MemoryBudget> AvailableMemory() const;
 
+  // Address space a host allocation of `bytes` (Allocate or AllocateZeroed)
+  // maps beyond `bytes`: a large buffer's rounding to and alignment on huge
+  // pages. What an address-space limit (ulimit -v) counts and RSS does not.
+  static size_t HostMappingOverhead(size_t bytes);
+  // Address space each host thread may take besides its data: its stack
+  // (RLIMIT_STACK, 8 MiB when unlimited) and a malloc arena (64 MiB).
+  static size_t HostThreadAddressSpace();
+  // The host's hardware threads (at least 1).
+  static int HostThreadCount();
+
   // Allocates `bytes` (64-byte aligned on the host). Zero bytes gives an empty
   // buffer. Fails with FailedPrecondition during a graph capture on this device.
   absl::StatusOr<Buffer> Allocate(size_t bytes);

@@ -163,6 +163,7 @@ MemoryBudget HostBudgetFrom(const HostMemoryFacts& f) {
       b.available = room;
       b.total = *f.address_space_limit;
       b.source = absl::StrCat("ulimit -v ", FormatBytes(*f.address_space_limit));
+      b.address_space_bound = true;
     }
   }
   return b;

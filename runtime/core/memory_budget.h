@@ -28,6 +28,10 @@ struct MemoryBudget {
   // What bounds `available`, e.g. "MemAvailable", "cgroup /user.slice
   // memory.max 2.0 GB", "ulimit -v 2.0 GB", "cudaMemGetInfo".
   std::string source;
+  // The address-space limit bounds it: address space that holds no data
+  // counts too (thread stacks, malloc arenas, the alignment of large
+  // buffers), and the plan reserves it (memory_plan.h).
+  bool address_space_bound = false;
 };
 
 // The raw figures a host budget is made from (bytes; nullopt: no such bound).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -27,7 +28,7 @@ struct FixedItems {
 
 absl::StatusOr<FixedItems> PlanFixed(const ModelSource& source, Device* device,
                                      const RunnerConfig& rc_in, int len, size_t weights,
-                                     const MemoryPlanItem& migration) {
+                                     const MemoryPlanItem& migration, size_t address_space) {
   RunnerConfig rc = rc_in;
   rc.max_model_len = len;
   MLAG_ASSIGN_OR_RETURN(const RunnerShape shape, RunnerShape::Of(rc));
@@ -50,8 +51,11 @@ absl::StatusOr<FixedItems> PlanFixed(const ModelSource& source, Device* device,
                      absl::StrCat("block tables of ", shape.max_blocks_per_seq, " blocks",
                                   cuda ? "" : ", two staging slots")});
   if (migration.bytes > 0) f.items.push_back(migration);
-  f.items.push_back({"runtime reserve", cuda ? kCudaReserveBytes : kHostReserveBytes,
-                     cuda ? "cuBLASLt workspace, graphs, NCCL" : "threads, requests"});
+  f.items.push_back(
+      {"runtime reserve", (cuda ? kCudaReserveBytes : kHostReserveBytes) + address_space,
+       cuda                ? "cuBLASLt workspace, graphs, NCCL"
+       : address_space > 0 ? "threads, requests; address space: stacks, arenas, alignment"
+                           : "threads, requests"});
   for (const MemoryPlanItem& item : f.items) f.bytes += item.bytes;
   return f;
 }
@@ -179,7 +183,20 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelSource& source, Device* device,
   ModelOptions wo;
   wo.local_experts = rc.local_experts;
   wo.weight_format = rc.weight_format;
-  const size_t weights = DeepseekModel::PlanWeightBytes(c, device, *source.weights, wo);
+  size_t weights_mapping = 0;
+  const size_t weights =
+      DeepseekModel::PlanWeightBytes(c, device, *source.weights, wo, &weights_mapping);
+  // Under an address-space limit (ulimit -v), address space that holds no
+  // data counts too: every thread's stack and malloc arena, and the
+  // huge-page rounding and alignment of the weights, of the KV cache's
+  // layers and of the other large buffers (rope table, activations, inputs,
+  // staging).
+  size_t address_space = 0;
+  if (p.budget.address_space_bound && !device->is_cuda()) {
+    const size_t large_buffer = Device::HostMappingOverhead(std::numeric_limits<size_t>::max());
+    address_space = weights_mapping + (c.num_hidden_layers + 6) * large_buffer +
+                    (Device::HostThreadCount() + 2) * Device::HostThreadAddressSpace();
+  }
   MemoryPlanItem migration{"expert migration", 0, ""};
   if (!request.reconfiguration_expert_slots.empty()) {
     // Each move holds the old buffers and the new at once: the peak of
@@ -200,14 +217,14 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelSource& source, Device* device,
                                     request.reconfiguration_expert_slots.size(),
                                     " reconfigurations, at their peak");
   }
-  MLAG_ASSIGN_OR_RETURN(FixedItems fixed,
-                        PlanFixed(source, device, rc, p.max_model_len, weights, migration));
+  MLAG_ASSIGN_OR_RETURN(FixedItems fixed, PlanFixed(source, device, rc, p.max_model_len, weights,
+                                                    migration, address_space));
 
   // Whether a max_model_len of `len` fits with a KV cache that holds one
   // sequence of it (or the given KV cache).
   auto fits = [&](int64_t len) -> bool {
     absl::StatusOr<FixedItems> f =
-        PlanFixed(source, device, rc, static_cast<int>(len), weights, migration);
+        PlanFixed(source, device, rc, static_cast<int>(len), weights, migration, address_space);
     if (!f.ok()) return false;
     const double kv = p.kv_cache_given ? static_cast<double>(request.kv_cache_bytes)
                                        : static_cast<double>(p.kv_block_bytes) *

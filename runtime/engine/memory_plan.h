@@ -15,7 +15,9 @@
 //                    reconfiguration gives this rank, held beside the old;
 //   runtime reserve  what the plan cannot count exactly: CUDA's cuBLASLt
 //                    workspace, graph executables and NCCL channels, or the
-//                    host's thread stacks and request records;
+//                    host's thread stacks and request records; under an
+//                    address-space limit also the address space that holds
+//                    no data (stacks, malloc arenas, huge-page alignment);
 //   KV cache         --kv-cache-bytes, or else (as vLLM's
 //                    --gpu-memory-utilization) everything the rest leaves
 //                    of the usable memory, in whole blocks.

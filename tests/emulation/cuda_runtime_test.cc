@@ -111,6 +111,7 @@ TEST(EmulatedRuntimeEnvironmentTest, DeviceCountAndMemoryComeFromTheEnvironment)
     void* b = nullptr;
     const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n == 3 &&
                     cudaMemGetInfo(&free_bytes, &total) == cudaSuccess && total == (1u << 20) &&
+                    free_bytes == total &&  // the host has more than 1 MiB available
                     cudaMalloc(&a, 600 << 10) == cudaSuccess &&
                     cudaMalloc(&b, 600 << 10) == cudaErrorMemoryAllocation &&
                     cudaSetDevice(1) == cudaSuccess &&  // another device, its own memory

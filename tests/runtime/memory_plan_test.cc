@@ -62,6 +62,7 @@ TEST(HostMemoryBudgetTest, MemAvailableWithoutOtherBounds) {
   const MemoryBudget b = HostBudgetFrom(facts);
   EXPECT_EQ(b.available, 20000000 * kKiB);
   EXPECT_EQ(b.source, "MemAvailable");
+  EXPECT_FALSE(b.address_space_bound);
 }
 
 TEST(HostMemoryBudgetTest, OldKernelFallsBackToFreePlusCached) {
@@ -128,6 +129,7 @@ TEST(HostMemoryBudgetTest, AddressSpaceLimitCountsWhatIsMapped) {
   const MemoryBudget b = HostBudgetFrom(f);
   EXPECT_EQ(b.available, 1'700'000'000u);
   EXPECT_EQ(b.source, "ulimit -v 2.0 GB");
+  EXPECT_TRUE(b.address_space_bound);    // the plan reserves stacks, arenas, alignment
   f.address_space_used = 3'000'000'000;  // more mapped than the limit: nothing left
   EXPECT_EQ(HostBudgetFrom(f).available, 0u);
 }

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -849,12 +850,36 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer_device, unsigned int flags) {
   return cudaSuccess;
 }
 
+namespace {
+
+// The host's MemAvailable in bytes (SIZE_MAX when unknown): an emulated
+// device's memory is host memory, so it can never have more free than that.
+size_t HostAvailableBytes() {
+  FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return SIZE_MAX;
+  char line[256];
+  size_t bytes = SIZE_MAX;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    unsigned long long kb = 0;
+    if (std::sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+      bytes = static_cast<size_t>(kb) * 1024;
+      break;
+    }
+  }
+  std::fclose(f);
+  return bytes;
+}
+
+}  // namespace
+
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   std::lock_guard<std::mutex> lock(R().mu);
   const cudaError_t ctx = CheckContext();
   if (ctx != cudaSuccess) return Err(ctx);
   const DeviceState& d = Dev(t_device);
-  if (free_bytes != nullptr) *free_bytes = d.total_bytes - d.used_bytes;
+  // What the device has left, and never more than the host memory behind it.
+  if (free_bytes != nullptr)
+    *free_bytes = std::min(d.total_bytes - d.used_bytes, HostAvailableBytes());
   if (total_bytes != nullptr) *total_bytes = d.total_bytes;
   return cudaSuccess;
 }
