@@ -3,15 +3,17 @@
 // clients batched by the engine's continuous batching.
 //
 //   mlag serve --model M [--host 127.0.0.1] [--port 8000] [--max-pending N] [--ep N]
-//              [engine flags]
+//              [--request-timeout S] [--shutdown-timeout S] [engine flags]
 //
 // Endpoints: GET /health, GET /v1/models, GET /metrics (Prometheus text),
 // POST /v1/completions and POST /v1/chat/completions, with "stream": true as
 // server-sent events ending in "data: [DONE]". A bad request gets a 400 with
-// an OpenAI-style error body; more than --max-pending requests in flight get
-// a 429. A streaming client that disconnects aborts its request; so does one
-// waiting for a whole response (its connection is probed with whitespace,
-// which JSON allows before the body, every half second).
+// an OpenAI-style error body naming the field (error.param); past
+// --max-pending requests in flight (queued or running, whatever the number
+// of connections) a request gets a 429 with Retry-After at once. A client
+// that closes its connection aborts its request. The HTTP layer
+// (http_server.h) is event-driven: slow or idle clients hold no thread, and
+// SIGTERM ends the server within --shutdown-timeout.
 #include <signal.h>
 
 #include <algorithm>
@@ -26,7 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "examples/mlag/cli.h"
-#include "httplib.h"
+#include "examples/mlag/http_server.h"
 #include "nlohmann/json.hpp"
 #include "runtime/core/status.h"
 #include "runtime/engine/async_engine.h"
@@ -42,41 +44,52 @@ struct ServeFlags {
   std::string host = "127.0.0.1";
   int port = 8000;
   int max_pending = 256;
-  int threads = 0;  // HTTP worker threads; 0: max_pending + 8
-  int ep = 0;       // expert-parallel host thread ranks; 0: off
+  double request_timeout = 10;   // seconds to read a whole request
+  double shutdown_timeout = 10;  // seconds pending replies get on SIGTERM
+  int ep = 0;                    // expert-parallel host thread ranks; 0: off
 };
 
 // Keys of the JSON this server writes are ASCII; text may hold invalid UTF-8
 // only through token bytes, replaced rather than thrown on.
 std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
-// An OpenAI-style error.
+// An OpenAI-style error: "code" is a string or null, as OpenAI's, and
+// "param" names the request field at fault, or is null.
 struct ApiError {
+  ApiError(int status, std::string msg, std::string error_type = "invalid_request_error",
+           std::string field = "")
+      : http_status(status),
+        message(std::move(msg)),
+        type(std::move(error_type)),
+        param(std::move(field)) {}
   int http_status;
   std::string message;
-  std::string type = "invalid_request_error";
+  std::string type;
   std::string param;
+  std::string code;
 };
 
 Json ErrorBody(const ApiError& e) {
-  Json err = {{"message", e.message}, {"type", e.type}, {"code", e.http_status}};
+  Json err = {{"message", e.message}, {"type", e.type}};
   err["param"] = e.param.empty() ? Json(nullptr) : Json(e.param);
+  err["code"] = e.code.empty() ? Json(nullptr) : Json(e.code);
   return {{"error", err}};
 }
 
 ApiError FromStatus(const absl::Status& s, const std::string& param = "") {
-  int http = 400;
-  std::string type = "invalid_request_error";
-  if (absl::IsResourceExhausted(s)) http = 429, type = "rate_limit_error";
-  if (absl::IsNotFound(s)) http = 404;
-  if (absl::IsUnavailable(s) || absl::IsFailedPrecondition(s)) http = 503, type = "server_error";
-  if (absl::IsInternal(s) || absl::IsUnknown(s)) http = 500, type = "server_error";
-  return {http, std::string(s.message()), type, param};
-}
-
-void SendError(httplib::Response& res, const ApiError& e) {
-  res.status = e.http_status;
-  res.set_content(Dump(ErrorBody(e)), "application/json");
+  ApiError e{400, std::string(s.message()), "invalid_request_error", param};
+  if (absl::IsResourceExhausted(s)) {
+    e.http_status = 429, e.type = "rate_limit_error", e.code = "rate_limit_exceeded";
+  } else if (absl::IsNotFound(s)) {
+    e.http_status = 404, e.code = "model_not_found";
+  } else if (absl::IsOutOfRange(s)) {
+    e.code = "context_length_exceeded";  // a 400, as OpenAI's
+  } else if (absl::IsUnavailable(s) || absl::IsFailedPrecondition(s)) {
+    e.http_status = 503, e.type = "server_error";
+  } else if (absl::IsInternal(s) || absl::IsUnknown(s)) {
+    e.http_status = 500, e.type = "server_error";
+  }
+  return e;
 }
 
 // The parsed fields of a completion or chat request.
@@ -90,10 +103,13 @@ struct ApiRequest {
   bool logprobs = false;  // chat: "logprobs"
 };
 
-// Reads an optional number field, range-checked; ApiError naming it otherwise.
+// Reads an optional number field, range-checked; an error naming it
+// otherwise (also in *param).
 template <typename T>
-absl::Status ReadNumber(const Json& body, const char* key, double lo, double hi, T* out) {
+absl::Status ReadNumber(const Json& body, const char* key, double lo, double hi, T* out,
+                        std::string* param) {
   if (!body.contains(key) || body[key].is_null()) return absl::OkStatus();
+  *param = key;
   const Json& v = body[key];
   if (!v.is_number())
     return absl::InvalidArgumentError(absl::StrCat("'", key, "' must be a number"));
@@ -106,6 +122,7 @@ absl::Status ReadNumber(const Json& body, const char* key, double lo, double hi,
     return absl::InvalidArgumentError(absl::StrCat("'", key, "' must be an integer"));
   }
   *out = static_cast<T>(d);
+  param->clear();
   return absl::OkStatus();
 }
 
@@ -128,15 +145,22 @@ absl::StatusOr<std::string> ContentText(const Json& content) {
   return absl::InvalidArgumentError("a message's content must be a string or text parts");
 }
 
-// NotFound when the body names a model other than `model_id`.
+// NotFound when the body names a model other than `model_id`; OutOfRange
+// when the prompt leaves no room. On an error, *param names the field.
 absl::StatusOr<ApiRequest> ParseRequest(const std::string& body_text, bool chat,
                                         const AsyncEngine& engine, const std::string& model_id,
-                                        uint64_t default_seed) {
+                                        uint64_t default_seed, std::string* param) {
+  // An error about one field, named in *param.
+  auto bad = [param](const char* field, const std::string& message) {
+    *param = field;
+    return absl::InvalidArgumentError(message);
+  };
   Json body = Json::parse(body_text, nullptr, false);
   if (body.is_discarded()) return absl::InvalidArgumentError("the body is not valid JSON");
   if (!body.is_object()) return absl::InvalidArgumentError("the body must be a JSON object");
   if (body.contains("model") && body["model"].is_string() &&
       body["model"].get<std::string>() != model_id) {
+    *param = "model";
     return absl::NotFoundError(absl::StrCat("model '", body["model"].get<std::string>(),
                                             "' is not served here; this server serves '", model_id,
                                             "'"));
@@ -144,35 +168,56 @@ absl::StatusOr<ApiRequest> ParseRequest(const std::string& body_text, bool chat,
   ApiRequest r;
   r.chat = chat;
   if (body.contains("stream")) {
-    if (!body["stream"].is_boolean())
-      return absl::InvalidArgumentError("'stream' must be a boolean");
+    if (!body["stream"].is_boolean()) return bad("stream", "'stream' must be a boolean");
     r.stream = body["stream"].get<bool>();
   }
   if (body.contains("stream_options") && body["stream_options"].is_object()) {
     r.include_usage = body["stream_options"].value("include_usage", false);
   }
   int n = 1;
-  MLAG_RETURN_IF_ERROR(ReadNumber(body, "n", 1, 1, &n));
+  MLAG_RETURN_IF_ERROR(ReadNumber(body, "n", 1, 1, &n, param));
+  // OpenAI parameters this server does not implement are refused, not
+  // ignored: an answer without them would be silently wrong.
+  auto given = [&](const char* key) { return body.contains(key) && !body[key].is_null(); };
+  if (given("best_of") && body["best_of"] != Json(1)) {
+    return bad("best_of", "'best_of' is not supported (one completion per request)");
+  }
+  if (given("suffix") && body["suffix"] != Json("")) {
+    return bad("suffix", "'suffix' is not supported");
+  }
+  if (given("echo") && body["echo"] != Json(false)) {
+    return bad("echo", "'echo' is not supported yet");
+  }
+  if (given("logit_bias") && !(body["logit_bias"].is_object() && body["logit_bias"].empty())) {
+    return bad("logit_bias", "'logit_bias' is not supported yet");
+  }
+  for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
+    if (given(penalty) && body[penalty] != Json(0)) {
+      return bad(penalty, absl::StrCat("'", penalty, "' is not supported yet (0 only)"));
+    }
+  }
   absl::StatusOr<const Tokenizer*> tok = engine.tokenizer();
 
   // The prompt.
   if (chat) {
     if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty()) {
-      return absl::InvalidArgumentError("'messages' must be a non-empty array");
+      return bad("messages", "'messages' must be a non-empty array");
     }
     if (!tok.ok()) return tok.status();
     std::vector<ChatMessage> messages;
     for (const Json& m : body["messages"]) {
       if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
-        return absl::InvalidArgumentError("every message needs a string 'role'");
+        return bad("messages", "every message needs a string 'role'");
       }
+      *param = "messages";
       MLAG_ASSIGN_OR_RETURN(std::string content, ContentText(m.value("content", Json())));
+      param->clear();
       messages.push_back({m["role"].get<std::string>(), std::move(content)});
     }
     MLAG_ASSIGN_OR_RETURN(std::string prompt, (*tok)->FormatChat(messages, true));
     MLAG_ASSIGN_OR_RETURN(r.spec.prompt, (*tok)->Encode(prompt, /*add_bos=*/false));
   } else {
-    if (!body.contains("prompt")) return absl::InvalidArgumentError("'prompt' is required");
+    if (!body.contains("prompt")) return bad("prompt", "'prompt' is required");
     Json prompt = body["prompt"];
     if (prompt.is_array() && prompt.size() == 1 && prompt[0].is_string()) prompt = prompt[0];
     if (prompt.is_string()) {
@@ -182,25 +227,26 @@ absl::StatusOr<ApiRequest> ParseRequest(const std::string& body_text, bool chat,
     } else if (prompt.is_array() && !prompt.empty()) {
       for (const Json& t : prompt) {
         if (!t.is_number_integer()) {
-          return absl::InvalidArgumentError(
-              "'prompt' must be a string or an array of token ids (one prompt per request)");
+          return bad("prompt",
+                     "'prompt' must be a string or an array of token ids (one prompt per request)");
         }
         const int64_t id = t.get<int64_t>();
         if (id < 0 || id >= engine.config().vocab_size) {
-          return absl::InvalidArgumentError(absl::StrCat("prompt token ", id,
-                                                         " is outside the vocabulary [0, ",
-                                                         engine.config().vocab_size, ")"));
+          return bad("prompt", absl::StrCat("prompt token ", id, " is outside the vocabulary [0, ",
+                                            engine.config().vocab_size, ")"));
         }
         r.spec.prompt.push_back(static_cast<int32_t>(id));
       }
     } else {
-      return absl::InvalidArgumentError("'prompt' must be a string or an array of token ids");
+      return bad("prompt", "'prompt' must be a string or an array of token ids");
     }
   }
-  if (r.spec.prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  const char* prompt_field = chat ? "messages" : "prompt";
+  if (r.spec.prompt.empty()) return bad(prompt_field, "the prompt is empty");
   const int prompt_len = static_cast<int>(r.spec.prompt.size());
   if (prompt_len >= engine.max_model_len()) {
-    return absl::InvalidArgumentError(absl::StrCat(
+    *param = prompt_field;
+    return absl::OutOfRangeError(absl::StrCat(
         "the prompt has ", prompt_len, " tokens; this model's limit (max_model_len) is ",
         engine.max_model_len(), " tokens, prompt and completion together"));
   }
@@ -208,30 +254,31 @@ absl::StatusOr<ApiRequest> ParseRequest(const std::string& body_text, bool chat,
   // Lengths and sampling.
   const int room = engine.max_model_len() - prompt_len;
   r.spec.max_tokens = chat ? room : std::min(16, room);  // OpenAI's defaults
-  MLAG_RETURN_IF_ERROR(ReadNumber(body, "max_tokens", 1, 1 << 30, &r.spec.max_tokens));
-  MLAG_RETURN_IF_ERROR(ReadNumber(body, "max_completion_tokens", 1, 1 << 30, &r.spec.max_tokens));
+  MLAG_RETURN_IF_ERROR(ReadNumber(body, "max_tokens", 1, 1 << 30, &r.spec.max_tokens, param));
+  MLAG_RETURN_IF_ERROR(
+      ReadNumber(body, "max_completion_tokens", 1, 1 << 30, &r.spec.max_tokens, param));
   SamplingParams& sp = r.spec.sampling;
   sp.temperature = 1.0f;  // OpenAI's default
-  MLAG_RETURN_IF_ERROR(ReadNumber(body, "temperature", 0, 100, &sp.temperature));
-  MLAG_RETURN_IF_ERROR(ReadNumber(body, "top_p", 1e-9, 1, &sp.top_p));
-  MLAG_RETURN_IF_ERROR(ReadNumber(body, "top_k", -1, 1 << 30, &sp.top_k));
+  MLAG_RETURN_IF_ERROR(ReadNumber(body, "temperature", 0, 100, &sp.temperature, param));
+  MLAG_RETURN_IF_ERROR(ReadNumber(body, "top_p", 1e-9, 1, &sp.top_p, param));
+  MLAG_RETURN_IF_ERROR(ReadNumber(body, "top_k", -1, 1 << 30, &sp.top_k, param));
   if (sp.top_k < 0) sp.top_k = 0;
   sp.seed = default_seed;
-  MLAG_RETURN_IF_ERROR(ReadNumber(body, "seed", 0, 1.8e19, &sp.seed));
+  MLAG_RETURN_IF_ERROR(ReadNumber(body, "seed", 0, 1.8e19, &sp.seed, param));
   if (chat) {
     if (body.contains("logprobs") && !body["logprobs"].is_null()) {
       if (!body["logprobs"].is_boolean()) {
-        return absl::InvalidArgumentError("'logprobs' must be a boolean for chat");
+        return bad("logprobs", "'logprobs' must be a boolean for chat");
       }
       r.logprobs = body["logprobs"].get<bool>();
     }
-    MLAG_RETURN_IF_ERROR(ReadNumber(body, "top_logprobs", 0, 20, &r.top_logprobs));
+    MLAG_RETURN_IF_ERROR(ReadNumber(body, "top_logprobs", 0, 20, &r.top_logprobs, param));
     if (r.top_logprobs > 0 && !r.logprobs) {
-      return absl::InvalidArgumentError("'top_logprobs' needs 'logprobs': true");
+      return bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
     }
     sp.logprobs = r.logprobs ? std::max(1, r.top_logprobs) : 0;
   } else {
-    MLAG_RETURN_IF_ERROR(ReadNumber(body, "logprobs", 0, 20, &r.top_logprobs));
+    MLAG_RETURN_IF_ERROR(ReadNumber(body, "logprobs", 0, 20, &r.top_logprobs, param));
     sp.logprobs = r.top_logprobs;
   }
   // Stops: strings, and the end-of-sentence token unless ignore_eos.
@@ -241,11 +288,11 @@ absl::StatusOr<ApiRequest> ParseRequest(const std::string& body_text, bool chat,
       r.stops.push_back(s.get<std::string>());
     } else if (s.is_array() && s.size() <= 16) {
       for (const Json& e : s) {
-        if (!e.is_string()) return absl::InvalidArgumentError("'stop' must hold strings");
+        if (!e.is_string()) return bad("stop", "'stop' must hold strings");
         r.stops.push_back(e.get<std::string>());
       }
     } else {
-      return absl::InvalidArgumentError("'stop' must be a string or up to 16 strings");
+      return bad("stop", "'stop' must be a string or up to 16 strings");
     }
     if (!r.stops.empty() && !tok.ok()) return tok.status();
   }
@@ -259,37 +306,80 @@ absl::StatusOr<ApiRequest> ParseRequest(const std::string& body_text, bool chat,
 // an aborted request sees).
 std::string FinishName(FinishReason reason) { return std::string(FinishReasonName(reason)); }
 
-// The server: handlers, ids and the engine.
-class Server {
+// The API over the engine: routes, request state and replies. Every method
+// runs on the HTTP server's thread; the engine thread only posts wake-ups.
+class ApiServer {
  public:
-  Server(std::unique_ptr<AsyncEngine> engine, std::string model_id)
+  ApiServer(std::unique_ptr<AsyncEngine> engine, std::string model_id)
       : engine_(std::move(engine)), model_id_(std::move(model_id)) {}
 
-  void Install(httplib::Server& http) {
-    http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content("{\"status\":\"ok\"}", "application/json");
-    });
-    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+  // The server to post wake-ups to; set before the first request.
+  void set_http(HttpServer* http) { http_ = http; }
+  // Stops the engine (joining its threads, so no wake-up is posted after).
+  void StopEngine() { engine_.reset(); }
+
+  void Handle(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
+    struct Route {
+      const char* path;
+      const char* method;
+    };
+    static constexpr Route kRoutes[] = {{"/health", "GET"},
+                                        {"/v1/models", "GET"},
+                                        {"/metrics", "GET"},
+                                        {"/v1/completions", "POST"},
+                                        {"/v1/chat/completions", "POST"}};
+    const Route* route = nullptr;
+    for (const Route& r : kRoutes) {
+      if (req.path == r.path) route = &r;
+    }
+    if (route == nullptr) {
+      return SendError(*ex, {404, absl::StrCat("no route ", req.path), "invalid_request_error"});
+    }
+    if (req.method != route->method) {
+      ApiError e{405, absl::StrCat(req.path, " takes ", route->method, ", not ", req.method),
+                 "invalid_request_error"};
+      return SendError(*ex, e, {{"Allow", route->method}});
+    }
+    if (req.path == "/health") {
+      return ex->Reply(200, "application/json", "{\"status\":\"ok\"}");
+    }
+    if (req.path == "/v1/models") {
       Json model = {{"id", model_id_},
                     {"object", "model"},
                     {"created", created_},
                     {"owned_by", "mlagraph"},
                     {"max_model_len", engine_->max_model_len()}};
-      res.set_content(Dump({{"object", "list"}, {"data", Json::array({model})}}),
-                      "application/json");
-    });
-    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(Metrics(), "text/plain; version=0.0.4");
-    });
-    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      Handle(req, res, /*chat=*/false);
-    });
-    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      Handle(req, res, /*chat=*/true);
-    });
+      return ex->Reply(200, "application/json",
+                       Dump({{"object", "list"}, {"data", Json::array({model})}}));
+    }
+    if (req.path == "/metrics") return ex->Reply(200, "text/plain; version=0.0.4", Metrics());
+    Complete(req, ex, /*chat=*/req.path == "/v1/chat/completions");
+  }
+
+  static std::string ErrorJson(int status, const std::string& message) {
+    return Dump(
+        ErrorBody({status, message, status >= 500 ? "server_error" : "invalid_request_error"}));
   }
 
  private:
+  // One request in the engine and what its reply has been sent so far.
+  struct Pending {
+    std::shared_ptr<ApiRequest> r;
+    std::shared_ptr<RequestStream> stream;
+    std::shared_ptr<HttpExchange> ex;
+    std::string id;
+    bool first = true;  // no chunk sent yet
+    // A whole reply, collected.
+    std::string text;
+    std::vector<int32_t> tokens;
+    std::vector<std::vector<TokenLogprob>> logprobs;
+  };
+
+  static void SendError(HttpExchange& ex, const ApiError& e, HttpHeaders headers = {}) {
+    if (e.http_status == 429) headers.push_back({"Retry-After", "1"});
+    ex.Reply(e.http_status, "application/json", Dump(ErrorBody(e)), headers);
+  }
+
   std::string Metrics() const {
     const AsyncEngineMetrics m = engine_->metrics();
     std::string out;
@@ -305,7 +395,7 @@ class Server {
             {"{outcome=\"aborted\"}", static_cast<double>(m.requests_aborted)},
             {"{outcome=\"failed\"}", static_cast<double>(m.requests_failed)},
             {"{outcome=\"rejected\"}", static_cast<double>(m.requests_rejected)},
-            {"{outcome=\"bad_request\"}", static_cast<double>(bad_requests_.load())}});
+            {"{outcome=\"bad_request\"}", static_cast<double>(bad_requests_)}});
     metric("mlag_requests_running", "gauge", "Requests in the engine.",
            {{"", static_cast<double>(m.running)}});
     metric("mlag_requests_pending", "gauge", "Requests queued for the engine.",
@@ -338,10 +428,13 @@ class Server {
     return out;
   }
 
+  // A token's logprob entries. Chat's "token" is the token's text, "" when
+  // its bytes are not whole UTF-8 characters (one byte of a character, say);
+  // "bytes" always holds them, as integers 0-255.
   Json LogprobsJson(const ApiRequest& r, const std::vector<int32_t>& tokens,
                     const std::vector<std::vector<TokenLogprob>>& lps) const {
     const Tokenizer* tok = engine_->tokenizer().ok() ? *engine_->tokenizer() : nullptr;
-    auto text_of = [&](int32_t id) {
+    auto bytes_of = [&](int32_t id) {
       return tok != nullptr ? tok->TokenBytes(id) : std::to_string(id);
     };
     auto chosen = [&](size_t i) -> Json {
@@ -351,26 +444,34 @@ class Server {
       return nullptr;  // outside the top K
     };
     if (r.chat) {
+      auto entry = [&](int32_t id) {
+        const std::string b = bytes_of(id);
+        return Json{{"token", SanitizeUtf8(b) == b ? b : std::string()},
+                    {"bytes", std::vector<int>(
+                                  reinterpret_cast<const unsigned char*>(b.data()),
+                                  reinterpret_cast<const unsigned char*>(b.data()) + b.size())}};
+      };
       Json content = Json::array();
       for (size_t i = 0; i < tokens.size() && i < lps.size(); ++i) {
         Json top = Json::array();
         for (int k = 0; k < r.top_logprobs && k < static_cast<int>(lps[i].size()); ++k) {
-          top.push_back({{"token", text_of(lps[i][k].token)}, {"logprob", lps[i][k].logprob}});
+          Json t = entry(lps[i][k].token);
+          t["logprob"] = lps[i][k].logprob;
+          top.push_back(t);
         }
-        const std::string t = text_of(tokens[i]);
-        content.push_back({{"token", t},
-                           {"logprob", chosen(i)},
-                           {"bytes", std::vector<int>(t.begin(), t.end())},
-                           {"top_logprobs", top}});
+        Json e = entry(tokens[i]);
+        e["logprob"] = chosen(i);
+        e["top_logprobs"] = top;
+        content.push_back(e);
       }
       return {{"content", content}};
     }
     Json toks = Json::array(), lp = Json::array(), top = Json::array();
     for (size_t i = 0; i < tokens.size() && i < lps.size(); ++i) {
-      toks.push_back(text_of(tokens[i]));
+      toks.push_back(bytes_of(tokens[i]));
       lp.push_back(chosen(i));
       Json alt = Json::object();
-      for (const TokenLogprob& t : lps[i]) alt[text_of(t.token)] = t.logprob;
+      for (const TokenLogprob& t : lps[i]) alt[bytes_of(t.token)] = t.logprob;
       top.push_back(alt);
     }
     return {{"tokens", toks}, {"token_logprobs", lp}, {"top_logprobs", top}};
@@ -392,7 +493,7 @@ class Server {
     } else if (chunk) {
       Json delta = Json::object();
       if (first) delta["role"] = "assistant";
-      if (!text.empty() || first) delta["content"] = text;
+      if (!text.empty() || first || !logprobs.is_null()) delta["content"] = text;
       c["delta"] = delta;
     } else {
       c["message"] = {{"role", "assistant"}, {"content", text}};
@@ -408,131 +509,98 @@ class Server {
             {"model", model_id_}};
   }
 
-  void Handle(const httplib::Request& req, httplib::Response& res, bool chat) {
-    const uint64_t n = next_id_.fetch_add(1);
-    absl::StatusOr<ApiRequest> parsed = ParseRequest(req.body, chat, *engine_, model_id_, n);
+  void Complete(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex, bool chat) {
+    const uint64_t n = next_id_++;
+    std::string param;
+    absl::StatusOr<ApiRequest> parsed =
+        ParseRequest(req.body, chat, *engine_, model_id_, n, &param);
     if (!parsed.ok()) {
       ++bad_requests_;
-      return SendError(res, FromStatus(parsed.status()));
+      return SendError(*ex, FromStatus(parsed.status(), param));
     }
-    auto r = std::make_shared<ApiRequest>(*std::move(parsed));
-    absl::StatusOr<std::shared_ptr<RequestStream>> submitted = engine_->Submit(r->spec, r->stops);
+    auto p = std::make_shared<Pending>();
+    p->r = std::make_shared<ApiRequest>(*std::move(parsed));
+    absl::StatusOr<std::shared_ptr<RequestStream>> submitted =
+        engine_->Submit(p->r->spec, p->r->stops);
     if (!submitted.ok()) {
       if (!absl::IsResourceExhausted(submitted.status())) ++bad_requests_;
-      return SendError(res, FromStatus(submitted.status()));
+      return SendError(*ex, FromStatus(submitted.status()));
     }
-    std::shared_ptr<RequestStream> stream = *submitted;
-    const std::string id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", n);
-    if (r->stream) {
-      res.set_header("Cache-Control", "no-cache");
-      auto first = std::make_shared<bool>(true);
-      auto done = std::make_shared<bool>(false);
-      res.set_chunked_content_provider("text/event-stream", [this, r, stream, id, first, done](
-                                                                size_t, httplib::DataSink& sink) {
-        auto send = [&](const std::string& data) {
-          const std::string event = absl::StrCat("data: ", data, "\n\n");
-          return sink.write(event.data(), event.size());
-        };
-        if (*done) {
-          sink.done();
-          return true;
-        }
-        RequestStream::Update u;
-        if (!stream->Wait(&u, absl::Milliseconds(500))) {
-          // Nothing yet: a comment line probes the connection.
-          if (!sink.write(":\n\n", 3)) {
-            stream->Cancel();
-            return false;
-          }
-          return true;
-        }
-        if (u.finished && !u.error.ok()) {
-          send(Dump(ErrorBody(FromStatus(u.error))));
-          *done = true;
-          return true;
-        }
-        if (!u.text.empty() || *first || u.finished) {
-          Json chunk = Envelope(*r, id, true);
-          Json lp = nullptr;
-          if (r->spec.sampling.logprobs > 0 && !u.tokens.empty()) {
-            lp = LogprobsJson(*r, u.tokens, u.logprobs);
-          }
-          chunk["choices"] = Json::array({Choice(
-              *r, u.text, lp, u.finished ? FinishName(u.reason).c_str() : nullptr, true, *first)});
-          *first = false;
-          if (!send(Dump(chunk))) {
-            stream->Cancel();
-            return false;
-          }
-        }
-        if (u.finished) {
-          if (r->include_usage) {
-            Json usage = Envelope(*r, id, true);
-            usage["choices"] = Json::array();
-            usage["usage"] = Usage(u.prompt_tokens, u.completion_tokens);
-            send(Dump(usage));
-          }
-          send("[DONE]");
-          *done = true;
-        }
-        return true;
+    p->stream = *submitted;
+    p->ex = ex;
+    p->id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", n);
+    if (p->r->stream) {
+      ex->BeginStream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
+    }
+    // The exchange holds the request until its reply ends; a client that
+    // goes away aborts it.
+    ex->OnAbandon([p] { p->stream->Cancel(); });
+    std::weak_ptr<Pending> weak = p;
+    HttpServer* http = http_;
+    p->stream->SetListener([this, http, weak] {
+      http->Post([this, weak] {
+        if (std::shared_ptr<Pending> q = weak.lock()) Pump(*q);
       });
-      return;
-    }
-    // A whole response: collected, with the connection probed meanwhile.
-    auto text = std::make_shared<std::string>();
-    auto tokens = std::make_shared<std::vector<int32_t>>();
-    auto lps = std::make_shared<std::vector<std::vector<TokenLogprob>>>();
-    auto done = std::make_shared<bool>(false);
-    res.set_chunked_content_provider("application/json", [this, r, stream, id, text, tokens, lps,
-                                                          done](size_t, httplib::DataSink& sink) {
-      if (*done) {
-        sink.done();
-        return true;
-      }
-      RequestStream::Update u;
-      const bool news = stream->Wait(&u, absl::Milliseconds(500));
-      *text += u.text;
-      tokens->insert(tokens->end(), u.tokens.begin(), u.tokens.end());
-      lps->insert(lps->end(), u.logprobs.begin(), u.logprobs.end());
-      if (!u.finished) {
-        // Half a second without news: probe the connection with whitespace,
-        // which JSON allows before the body.
-        if (!news && !sink.write(" ", 1)) {
-          stream->Cancel();
-          return false;
-        }
-        return true;
-      }
-      Json body;
-      if (!u.error.ok()) {
-        body = ErrorBody(FromStatus(u.error));
-      } else {
-        body = Envelope(*r, id, false);
-        Json lp = r->spec.sampling.logprobs > 0 ? LogprobsJson(*r, *tokens, *lps) : Json();
-        body["choices"] =
-            Json::array({Choice(*r, *text, lp, FinishName(u.reason).c_str(), false, false)});
-        body["usage"] = Usage(u.prompt_tokens, u.completion_tokens);
-      }
-      const std::string s = Dump(body);
-      sink.write(s.data(), s.size());
-      *done = true;
-      return true;
     });
+    Pump(*p);  // what arrived before the listener
+  }
+
+  // Sends what the engine produced since the last call.
+  void Pump(Pending& p) {
+    if (p.ex->ended()) return;
+    RequestStream::Update u;
+    if (!p.stream->Wait(&u, absl::ZeroDuration())) return;
+    const ApiRequest& r = *p.r;
+    if (r.stream) return PumpStream(p, u);
+    p.text += u.text;
+    p.tokens.insert(p.tokens.end(), u.tokens.begin(), u.tokens.end());
+    p.logprobs.insert(p.logprobs.end(), u.logprobs.begin(), u.logprobs.end());
+    if (!u.finished) return;
+    if (!u.error.ok()) return SendError(*p.ex, FromStatus(u.error));
+    Json body = Envelope(r, p.id, false);
+    Json lp = r.spec.sampling.logprobs > 0 ? LogprobsJson(r, p.tokens, p.logprobs) : Json();
+    body["choices"] =
+        Json::array({Choice(r, p.text, lp, FinishName(u.reason).c_str(), false, false)});
+    body["usage"] = Usage(u.prompt_tokens, u.completion_tokens);
+    p.ex->Reply(200, "application/json", Dump(body));
+  }
+
+  // Server-sent events: a chunk for new text, or for new tokens when their
+  // logprobs were asked for (every token has its entry, text or not).
+  void PumpStream(Pending& p, const RequestStream::Update& u) {
+    const ApiRequest& r = *p.r;
+    auto send = [&](const std::string& data) { p.ex->Write(absl::StrCat("data: ", data, "\n\n")); };
+    if (u.finished && !u.error.ok()) {
+      send(Dump(ErrorBody(FromStatus(u.error))));
+      return p.ex->End();
+    }
+    const bool with_logprobs = r.spec.sampling.logprobs > 0 && !u.tokens.empty();
+    if (!u.text.empty() || p.first || u.finished || with_logprobs) {
+      Json chunk = Envelope(r, p.id, true);
+      Json lp = with_logprobs ? LogprobsJson(r, u.tokens, u.logprobs) : Json();
+      chunk["choices"] = Json::array({Choice(
+          r, u.text, lp, u.finished ? FinishName(u.reason).c_str() : nullptr, true, p.first)});
+      p.first = false;
+      send(Dump(chunk));
+    }
+    if (!u.finished) return;
+    if (r.include_usage) {
+      Json usage = Envelope(r, p.id, true);
+      usage["choices"] = Json::array();
+      usage["usage"] = Usage(u.prompt_tokens, u.completion_tokens);
+      send(Dump(usage));
+    }
+    send("[DONE]");
+    p.ex->End();
   }
 
   std::unique_ptr<AsyncEngine> engine_;
   std::string model_id_;
+  HttpServer* http_ = nullptr;
   const int64_t created_ = static_cast<int64_t>(std::time(nullptr));
-  std::atomic<uint64_t> next_id_{1};
-  std::atomic<int64_t> bad_requests_{0};
+  uint64_t next_id_ = 1;
+  int64_t bad_requests_ = 0;
 };
-
-httplib::Server* g_http = nullptr;
-
-void OnSignal(int) {
-  if (g_http != nullptr) g_http->stop();
-}
 
 int Serve(const ServeFlags& f) {
   absl::StatusOr<EngineOptions> options = f.engine.ToOptions();
@@ -548,25 +616,27 @@ int Serve(const ServeFlags& f) {
   for (const std::string& line : (*engine)->memory_plan().Lines()) {
     std::fprintf(stderr, "%s\n", line.c_str());
   }
-  Server server(*std::move(engine), options->model);
-  httplib::Server http;
-  const int threads = f.threads > 0 ? f.threads : f.max_pending + 8;
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  http.set_payload_max_length(size_t{64} << 20);
-  server.Install(http);
-  if (!http.bind_to_port(f.host.c_str(), f.port)) {
-    return Fail(absl::UnavailableError(
-        absl::StrCat("cannot listen on ", f.host, ":", f.port, " (in use, or not allowed)")));
-  }
-  g_http = &http;
-  signal(SIGINT, OnSignal);
-  signal(SIGTERM, OnSignal);
+  ApiServer api(*std::move(engine), options->model);
+  HttpServerOptions http_options;
+  http_options.host = f.host;
+  http_options.port = f.port;
+  http_options.request_timeout = absl::Seconds(f.request_timeout);
+  http_options.shutdown_timeout = absl::Seconds(f.shutdown_timeout);
+  absl::StatusOr<std::unique_ptr<HttpServer>> http = HttpServer::Listen(
+      http_options,
+      [&api](const HttpRequest& req, std::shared_ptr<HttpExchange> ex) { api.Handle(req, ex); },
+      &ApiServer::ErrorJson);
+  if (!http.ok()) return Fail(http.status());
+  api.set_http(http->get());
   signal(SIGPIPE, SIG_IGN);  // a closed connection is an error return, not a signal
-  std::fprintf(stderr, "mlag serve: listening on http://%s:%d\n", f.host.c_str(), f.port);
+  std::fprintf(stderr, "mlag serve: listening on http://%s:%d\n", f.host.c_str(), (*http)->port());
   std::fflush(stderr);
-  const bool ok = http.listen_after_bind();
-  g_http = nullptr;
-  return ok ? 0 : 1;
+  (*http)->Run();
+  // Aborted requests end in the engine; its threads stop before the server
+  // they post to goes.
+  api.StopEngine();
+  std::fprintf(stderr, "mlag serve: stopped\n");
+  return 0;
 }
 
 }  // namespace
@@ -582,8 +652,16 @@ Command AddServeCommand(CLI::App& app) {
       ->add_option("--max-pending", f->max_pending,
                    "requests in flight (queued or running) before new ones get a 429")
       ->check(CLI::Range(1, 1 << 16));
-  serve->add_option("--http-threads", f->threads, "HTTP worker threads (default max-pending + 8)")
-      ->check(CLI::Range(0, 1 << 16));
+  serve
+      ->add_option("--request-timeout", f->request_timeout,
+                   "seconds a connection has to send a whole request (headers and body) once "
+                   "idle, after which it is closed (default 10)")
+      ->check(CLI::Range(0.01, 3600.0));
+  serve
+      ->add_option("--shutdown-timeout", f->shutdown_timeout,
+                   "seconds in-flight requests get to finish after SIGTERM or SIGINT before "
+                   "they are aborted (default 10)")
+      ->check(CLI::Range(0.0, 3600.0));
   serve
       ->add_option("--ep", f->ep,
                    "expert-parallel ranks, as host threads in this process (0: off); "

@@ -40,6 +40,20 @@ bool RequestStream::Wait(Update* out, absl::Duration timeout) {
   return news;
 }
 
+void RequestStream::SetListener(std::function<void()> notify) {
+  std::lock_guard<std::mutex> lock(mu_);
+  listener_ = std::move(notify);
+}
+
+void RequestStream::Announce() {
+  std::function<void()> notify;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    notify = listener_;
+  }
+  if (notify) notify();
+}
+
 absl::StatusOr<std::unique_ptr<AsyncEngine>> AsyncEngine::Create(const EngineOptions& options,
                                                                  int max_pending, int ep_ranks) {
   if (max_pending < 1) return absl::InvalidArgumentError("max_pending must be at least 1");
@@ -161,6 +175,7 @@ absl::StatusOr<std::shared_ptr<RequestStream>> AsyncEngine::Submit(
 AsyncEngineMetrics AsyncEngine::metrics() const {
   std::lock_guard<std::mutex> lock(mu_);
   AsyncEngineMetrics m = metrics_;
+  m.running = in_flight_ - metrics_.pending;  // as of now, not of the last step
   m.kv_blocks_used = m.kv_blocks_total = m.graph_replays = 0;
   m.prefix_hit_tokens = m.prefix_queried_tokens = 0;
   m.memory_planned_bytes = m.memory_usable_bytes = m.memory_allocated_bytes = 0;
@@ -243,6 +258,7 @@ void AsyncEngine::Deliver(Rank& rank, RequestId id, Live& live) {
   }
   live.emitted = std::max(live.emitted, show);
   s.cv_.notify_all();
+  s.Announce();
 }
 
 void AsyncEngine::Finish(Rank& rank, RequestId id, Live& live, FinishReason reason,
@@ -263,6 +279,7 @@ void AsyncEngine::Finish(Rank& rank, RequestId id, Live& live, FinishReason reas
     s.news_ = true;
   }
   s.cv_.notify_all();
+  s.Announce();
   if (id >= 0) rank.engine->Release(id).IgnoreError();  // finished by now: cannot fail
   std::lock_guard<std::mutex> lock(mu_);
   --in_flight_;
@@ -275,6 +292,19 @@ void AsyncEngine::Finish(Rank& rank, RequestId id, Live& live, FinishReason reas
   }
   metrics_.prompt_tokens += live.prompt_tokens;
   metrics_.generation_tokens += live.completion_tokens;
+}
+
+void AsyncEngine::PublishStats(Rank& rank, bool stepped, double step_seconds) {
+  const EngineStats stats = rank.engine->Stats();
+  std::lock_guard<std::mutex> lock(mu_);
+  rank.stats = stats;
+  rank.prefix_hit_tokens = rank.engine->kv_cache().hit_tokens();
+  rank.prefix_queried_tokens = rank.engine->kv_cache().queried_tokens();
+  if (stepped && &rank == ranks_.front().get()) {
+    ++metrics_.steps;
+    metrics_.step_seconds_sum += step_seconds;
+  }
+  metrics_.running = in_flight_ - metrics_.pending;
 }
 
 absl::StatusOr<bool> AsyncEngine::AnyRankBusy(Rank& rank, bool busy) {
@@ -308,15 +338,20 @@ void AsyncEngine::Loop(Rank& rank) {
     }
     Admit(rank);
     // Clients that went away.
+    bool aborted = false;
     for (auto it = rank.live.begin(); it != rank.live.end();) {
       if (it->second->stream->cancelled_) {
         engine.Abort(it->first).IgnoreError();  // it is in the engine: cannot fail
         Finish(rank, it->first, *it->second, FinishReason::kAbort, absl::OkStatus());
         it = rank.live.erase(it);
+        aborted = true;
       } else {
         ++it;
       }
     }
+    // An abort that leaves the engine idle takes no step: the gauges
+    // (running requests, KV blocks in use) must not wait for the next one.
+    if (aborted) PublishStats(rank, /*stepped=*/false, 0);
     absl::StatusOr<bool> busy = AnyRankBusy(rank, engine.HasUnfinished());
     if (!busy.ok()) {
       if (!absl::IsCancelled(busy.status())) ended = busy.status();
@@ -357,16 +392,7 @@ void AsyncEngine::Loop(Rank& rank) {
         ++it;
       }
     }
-    const EngineStats stats = engine.Stats();
-    std::lock_guard<std::mutex> lock(mu_);
-    rank.stats = stats;
-    rank.prefix_hit_tokens = engine.kv_cache().hit_tokens();
-    rank.prefix_queried_tokens = engine.kv_cache().queried_tokens();
-    if (&rank == ranks_.front().get()) {
-      ++metrics_.steps;
-      metrics_.step_seconds_sum += seconds;
-    }
-    metrics_.running = in_flight_ - metrics_.pending;
+    PublishStats(rank, /*stepped=*/true, seconds);
   }
   for (auto& [id, live] : rank.live) {
     engine.Abort(id).IgnoreError();

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -56,11 +57,20 @@ class RequestStream {
   // Asks the engine thread to abort the request (a client went away).
   void Cancel() { cancelled_ = true; }
 
+  // Has `notify` called, on the engine's thread and with no lock held,
+  // whenever news arrives from now on (an event loop's wake-up: it should
+  // only post a Wait to its own thread). News that arrived before is not
+  // announced: call Wait once after setting it.
+  void SetListener(std::function<void()> notify);
+
  private:
   friend class AsyncEngine;
+  void Announce();  // after news, outside mu_
+
   std::mutex mu_;
   std::condition_variable cv_;
-  Update pending_;  // guarded by mu_
+  Update pending_;                  // guarded by mu_
+  std::function<void()> listener_;  // guarded by mu_
   bool news_ = false;
   std::atomic<bool> cancelled_{false};
 };
@@ -141,6 +151,9 @@ class AsyncEngine {
   void Admit(Rank& rank);
   void Deliver(Rank& rank, RequestId id, Live& live);
   void Finish(Rank& rank, RequestId id, Live& live, FinishReason reason, const absl::Status& error);
+  // Publishes the rank's engine stats to the metrics (after a step, or an
+  // abort that left it idle).
+  void PublishStats(Rank& rank, bool stepped, double step_seconds);
 
   std::vector<std::unique_ptr<Rank>> ranks_;
   const Tokenizer* tokenizer_ = nullptr;  // null: outputs carry no text

@@ -101,16 +101,20 @@ std::string UsableText(const MemoryPlan& p) {
 
 // The ways out of a plan that does not fit: a shorter max_model_len when
 // one fits (`longest_fitting` > 0), a smaller given KV cache, more of the
-// memory, and the weight dtypes that would hold the weights in fewer bytes
-// (`smaller_weights`: "bf16 (4.0 GB)").
-std::string Fixes(const MemoryPlan& p, int64_t longest_fitting, bool kv_given,
+// memory when all of it would hold the `needed` bytes, and the weight dtypes
+// that would hold the weights in fewer bytes (`smaller_weights`: "bf16
+// (4.0 GB)").
+std::string Fixes(const MemoryPlan& p, int64_t longest_fitting, bool kv_given, double needed,
                   const std::vector<std::string>& smaller_weights) {
   std::vector<std::string> fixes;
   if (longest_fitting > 0 && longest_fitting < p.max_model_len) {
     fixes.push_back(absl::StrCat("lower --max-model-len (at most ", longest_fitting, " fits)"));
   }
   if (kv_given) fixes.push_back("lower --kv-cache-bytes");
-  if (p.memory_utilization < 0.95) fixes.push_back("raise --memory-utilization");
+  if (p.memory_utilization < 0.95 &&
+      needed <= static_cast<double>(p.budget.available) * p.memory_share) {
+    fixes.push_back("raise --memory-utilization");
+  }
   if (!smaller_weights.empty()) {
     fixes.push_back(absl::StrCat("use --weight-dtype ", absl::StrJoin(smaller_weights, " or ")));
   }
@@ -268,6 +272,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelSource& source, Device* device,
       return absl::ResourceExhaustedError(
           absl::StrCat(LargestItems(all), " exceed ", UsableText(p), "; ",
                        Fixes(p, longest_fitting(), /*kv_given=*/true,
+                             static_cast<double>(fixed.bytes) + kv_bytes,
                              smaller_weights(static_cast<double>(fixed.bytes) + kv_bytes))));
     }
   } else {
@@ -281,6 +286,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelSource& source, Device* device,
       return absl::ResourceExhaustedError(
           absl::StrCat(LargestItems(all), " exceed ", UsableText(p), "; ",
                        Fixes(p, longest_fitting(), /*kv_given=*/false,
+                             static_cast<double>(fixed.bytes) + one_sequence,
                              smaller_weights(static_cast<double>(fixed.bytes) + one_sequence))));
     }
     kv_bytes = static_cast<size_t>(left);

@@ -92,6 +92,7 @@ if (
   export NINJA="$root/usr/bin/ninja" PKG_CONFIG="$root/usr/bin/pkg-config"
   export LD_LIBRARY_PATH="$libdirs"
   export PKG_CONFIG_SYSROOT_DIR="$root"
+  export BOOST_ROOT="$root/usr"  # Boost has no pkg-config files
   export PKG_CONFIG_LIBDIR="$root/usr/lib/x86_64-linux-gnu/pkgconfig:$root/usr/share/pkgconfig:$root/usr/lib/x86_64-linux-gnu/openblas-pthread/pkgconfig"
   cd "$tmp/src" &&
     python3 -m mesonbuild.mesonmain setup "$tmp/build" -Dcuda=$MLAG_CUDA_OPTION -Dnvcc_arch=90 \

@@ -120,6 +120,7 @@ if [ "${MLAG_DEVICE_FALLBACK:-0}" = 1 ] ||
   libdirs="$root/usr/lib/x86_64-linux-gnu:$root/lib/x86_64-linux-gnu:$root/usr/lib/x86_64-linux-gnu/openblas-pthread"
   export LD_LIBRARY_PATH="$libdirs:$LD_LIBRARY_PATH"
   export PKG_CONFIG="$root/usr/bin/pkg-config" PKG_CONFIG_SYSROOT_DIR="$root"
+  export BOOST_ROOT="$root/usr"  # Boost has no pkg-config files
   export PKG_CONFIG_LIBDIR="$root/usr/lib/x86_64-linux-gnu/pkgconfig:$root/usr/share/pkgconfig:$root/usr/lib/x86_64-linux-gnu/openblas-pthread/pkgconfig"
   # The machine's meson and ninja when it has them (pip's), else the bundle's.
   if command -v meson >/dev/null 2>&1; then
