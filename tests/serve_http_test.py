@@ -17,6 +17,7 @@
   error.param names the field.
 - Streams carry a logprob entry for every token, textless ones included,
   with bytes in 0-255, the same as the whole response's.
+- mlag bench-serve drives it and reports its figures and failures.
 - SIGTERM with a trickling client, an idle one and a running stream attached
   exits 0 within --shutdown-timeout.
 
@@ -369,6 +370,28 @@ try:
     check(s == 200, "a request is admitted beside 20 idle keep-alive connections", (s, b))
     for c in keepalive:
         c.close()
+
+    # --- mlag bench-serve against it: every request completes within the
+    # limit; past it, the 429s are counted as failures.
+    def bench_serve(concurrency):
+        out = subprocess.run([MLAG, "bench-serve", "--url", f"http://127.0.0.1:{PORT}",
+                              "--num-prompts", "16", "--concurrency", str(concurrency),
+                              "--input-len", "20", "--output-len", "12", "--json"],
+                             capture_output=True, text=True, timeout=120)
+        return out.returncode, json.loads(out.stdout)
+
+    rc, report = bench_serve(4)
+    check(rc == 0 and report["completed"] == 16 and report["failed"] == 0
+          and report["ttft"]["p50_ms"] > 0 and report["tpot"]["p50_ms"] > 0
+          and report["output_token_throughput"] > 0,
+          "bench-serve at concurrency 4: 16 requests of 12 tokens each" + (f" {report}" if rc else ""),
+          f"ttft p50 {report['ttft']['p50_ms']:.1f} ms, "
+          f"{report['output_token_throughput']:.0f} output tokens/s")
+    rc, report = bench_serve(12)
+    check(rc == 1 and report["failed"] > 0 and report["completed"] + report["failed"] == 16
+          and any("429" in e for e in report["errors"]),
+          "bench-serve past --max-pending counts the 429s as failures",
+          f"{report['failed']} failed")
 
     # --- Shutdown with clients attached.
     port2 = PORT

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
@@ -20,6 +21,8 @@ inline constexpr int kExitUsage = 2;
 int Fail(const absl::Status& status);
 
 double SecondsSince(std::chrono::steady_clock::time_point start);
+// The q-quantile (0 <= q <= 1) of `values`, nearest rank; 0 when empty.
+double Percentile(std::vector<double> values, double q);
 
 // "built-in model (tiny-v3, tiny-v2, ...) or checkpoint directory", from the
 // list of built-in models.
@@ -75,5 +78,6 @@ Command AddBenchCommand(CLI::App& app);
 Command AddExportCommand(CLI::App& app);
 Command AddInfoCommand(CLI::App& app);
 Command AddServeCommand(CLI::App& app);
+Command AddBenchServeCommand(CLI::App& app);
 
 }  // namespace mlag::cli

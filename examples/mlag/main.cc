@@ -22,9 +22,10 @@ int main(int argc, char** argv) {
   CLI::App app{"mlag: serve DeepSeek-style MLA + MoE models by replaying captured graphs"};
   app.require_subcommand(1);
   const std::vector<mlag::cli::Command> commands = {
-      mlag::cli::AddRunCommand(app),   mlag::cli::AddGraphsCommand(app),
-      mlag::cli::AddBenchCommand(app), mlag::cli::AddExportCommand(app),
-      mlag::cli::AddInfoCommand(app),  mlag::cli::AddServeCommand(app),
+      mlag::cli::AddRunCommand(app),        mlag::cli::AddGraphsCommand(app),
+      mlag::cli::AddBenchCommand(app),      mlag::cli::AddExportCommand(app),
+      mlag::cli::AddInfoCommand(app),       mlag::cli::AddServeCommand(app),
+      mlag::cli::AddBenchServeCommand(app),
   };
   try {
     app.parse(argc, argv);
@@ -37,7 +38,7 @@ int main(int argc, char** argv) {
     if (!app.remaining().empty() && app.get_subcommands().empty()) {
       std::fprintf(stderr,
                    "mlag: error: unknown subcommand '%s' (expected run, graphs, bench, "
-                   "export or info)\n",
+                   "export, info, serve or bench-serve)\n",
                    app.remaining().front().c_str());
     } else {
       std::fprintf(stderr, "mlag: error: %s\n", e.what());

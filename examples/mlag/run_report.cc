@@ -4,19 +4,13 @@
 #include <cstdio>
 
 #include "absl/strings/escaping.h"
+#include "examples/mlag/cli.h"
 #include "nlohmann/json.hpp"
 
 namespace mlag::cli {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-double Percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const size_t i = static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5);
-  return v[std::min(i, v.size() - 1)];
-}
 
 Json RequestJson(const RequestResult& r, bool with_logprobs) {
   Json j = {{"id", r.id},

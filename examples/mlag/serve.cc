@@ -348,7 +348,8 @@ class ApiServer {
                     {"object", "model"},
                     {"created", created_},
                     {"owned_by", "mlagraph"},
-                    {"max_model_len", engine_->max_model_len()}};
+                    {"max_model_len", engine_->max_model_len()},
+                    {"vocab_size", engine_->config().vocab_size}};
       return ex->Reply(200, "application/json",
                        Dump({{"object", "list"}, {"data", Json::array({model})}}));
     }
