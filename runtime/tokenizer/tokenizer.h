@@ -7,7 +7,11 @@
 // - normalizer: none (null or an empty Sequence).
 // - pre_tokenizer: Sequence of Split (Regex or String pattern; Isolated or
 //   Removed) and ByteLevel (add_prefix_space, use_regex with GPT-2's
-//   pattern). Regexes run on PCRE2 with Unicode properties (UTF + UCP).
+//   pattern). Regexes run on PCRE2 with Unicode properties (UTF + UCP);
+//   their general categories (\p{L}, ...) and \s are Unicode 16.0's, as in
+//   Hugging Face `tokenizers`, whatever Unicode PCRE2 knows
+//   (unicode_classes.h; tests/runtime/tokenizer_codepoint_test.cc checks
+//   every code point).
 // - added tokens: matched literally before pre-tokenization, longest first.
 // - decoder: ByteLevel (and ByteFallback of <0xXX> tokens).
 // - tokenizer_config.json: bos_token, eos_token (strings or {"content": ...}),
