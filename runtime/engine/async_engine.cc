@@ -263,6 +263,22 @@ void AsyncEngine::Deliver(Rank& rank, RequestId id, Live& live) {
 
 void AsyncEngine::Finish(Rank& rank, RequestId id, Live& live, FinishReason reason,
                          const absl::Status& error) {
+  if (id >= 0) rank.engine->Release(id).IgnoreError();  // finished by now: cannot fail
+  // The request leaves the in-flight count before its client hears of the
+  // end: a client that then submits at once must find the room.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --in_flight_;
+    if (!error.ok()) {
+      ++metrics_.requests_failed;
+    } else if (reason == FinishReason::kAbort && !live.stopped) {
+      ++metrics_.requests_aborted;
+    } else {
+      ++metrics_.requests_finished;
+    }
+    metrics_.prompt_tokens += live.prompt_tokens;
+    metrics_.generation_tokens += live.completion_tokens;
+  }
   RequestStream& s = *live.stream;
   {
     std::lock_guard<std::mutex> lock(s.mu_);
@@ -280,18 +296,6 @@ void AsyncEngine::Finish(Rank& rank, RequestId id, Live& live, FinishReason reas
   }
   s.cv_.notify_all();
   s.Announce();
-  if (id >= 0) rank.engine->Release(id).IgnoreError();  // finished by now: cannot fail
-  std::lock_guard<std::mutex> lock(mu_);
-  --in_flight_;
-  if (!error.ok()) {
-    ++metrics_.requests_failed;
-  } else if (reason == FinishReason::kAbort && !live.stopped) {
-    ++metrics_.requests_aborted;
-  } else {
-    ++metrics_.requests_finished;
-  }
-  metrics_.prompt_tokens += live.prompt_tokens;
-  metrics_.generation_tokens += live.completion_tokens;
 }
 
 void AsyncEngine::PublishStats(Rank& rank, bool stepped, double step_seconds) {

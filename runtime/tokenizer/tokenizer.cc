@@ -14,6 +14,7 @@
 #include "nlohmann/json.hpp"
 #include "runtime/core/file.h"
 #include "runtime/core/status.h"
+#include "runtime/tokenizer/unicode_classes.h"
 
 namespace mlag {
 namespace {
@@ -102,20 +103,22 @@ int Utf8SequenceLength(absl::string_view s, size_t i, uint32_t* cp_out = nullptr
 }
 
 // A compiled PCRE2 pattern (UTF + Unicode properties), JIT-compiled where
-// the platform offers it.
+// the platform offers it. Its general categories and \s are the Unicode
+// tables' (unicode_classes.h), not those of the Unicode PCRE2 was built with.
 class Regex {
  public:
   static absl::StatusOr<std::unique_ptr<Regex>> Compile(const std::string& pattern) {
+    MLAG_ASSIGN_OR_RETURN(const std::string expanded, ExpandUnicodeClasses(pattern));
     int error = 0;
     PCRE2_SIZE offset = 0;
-    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(expanded.data()), expanded.size(),
                                      PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
     if (code == nullptr) {
       PCRE2_UCHAR message[256];
       pcre2_get_error_message(error, message, sizeof(message));
-      return absl::InvalidArgumentError(absl::StrCat("pre-tokenizer regex '", pattern,
-                                                     "': ", reinterpret_cast<char*>(message),
-                                                     " at offset ", offset));
+      // (PCRE2's offset would be into the expanded pattern.)
+      return absl::InvalidArgumentError(
+          absl::StrCat("pre-tokenizer regex '", pattern, "': ", reinterpret_cast<char*>(message)));
     }
     pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // optional: falls back to the interpreter
     return std::unique_ptr<Regex>(new Regex(code));
