@@ -102,8 +102,7 @@ std::string UsableText(const MemoryPlan& p) {
 // The ways out of a plan that does not fit: a shorter max_model_len when
 // one fits (`longest_fitting` > 0), a smaller given KV cache, more of the
 // memory when all of it would hold the `needed` bytes, and the weight dtypes
-// that would hold the weights in fewer bytes (`smaller_weights`: "bf16
-// (4.0 GB)").
+// with which the plan would fit (`smaller_weights`: "bf16 (4.0 GB)").
 std::string Fixes(const MemoryPlan& p, int64_t longest_fitting, bool kv_given, double needed,
                   const std::vector<std::string>& smaller_weights) {
   std::vector<std::string> fixes;
@@ -118,7 +117,7 @@ std::string Fixes(const MemoryPlan& p, int64_t longest_fitting, bool kv_given, d
   if (!smaller_weights.empty()) {
     fixes.push_back(absl::StrCat("use --weight-dtype ", absl::StrJoin(smaller_weights, " or ")));
   }
-  if (fixes.empty()) return "the model needs a device with more memory";
+  if (fixes.empty()) return "nothing smaller fits: the model needs more memory than this process can use here";
   if (fixes.size() == 1) return fixes[0];
   const std::string last = fixes.back();
   fixes.pop_back();
@@ -237,14 +236,15 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelSource& source, Device* device,
   };
   // Weight dtypes that hold the weights in fewer bytes, for the advice.
   // Only where the weights are a large part (a quarter) of `total`.
+  // The smaller weight dtypes with which `total` bytes would fit.
   auto smaller_weights = [&](double total) {
     std::vector<std::string> out;
-    if (4.0 * static_cast<double>(weights) < total) return out;
     for (WeightFormat f : {WeightFormat::kBF16, WeightFormat::kFp8}) {
       ModelOptions o = wo;
       o.weight_format = f;
       const size_t bytes = DeepseekModel::PlanWeightBytes(c, device, *source.weights, o);
-      if (bytes < weights) {
+      if (bytes < weights && total - static_cast<double>(weights - bytes) <=
+                                 static_cast<double>(p.usable_bytes)) {
         out.push_back(absl::StrCat(WeightFormatName(f), " (weights ", Gb(bytes), ")"));
       }
     }

@@ -286,6 +286,47 @@ TEST(MemoryPlanTest, ALongContextIsRefusedWithALengthThatFits) {
   }
 }
 
+// The weight dtypes the advice names are those with which the plan fits,
+// and taking the advice plans; where none would, it names none.
+TEST(MemoryPlanTest, WeightDtypeAdviceNamesOnlyDtypesThatFit) {
+  ASSERT_OK_AND_ASSIGN(ModelSource source, OpenModel("small"));
+  auto device = Device::Create("host");
+  ASSERT_OK(device);
+  MemoryPlanRequest r = TinyRequest();
+  r.runner.max_model_len = 1024;
+  r.memory_utilization = 0.01;
+  // The memory available, as every plan here sees it.
+  ASSERT_OK_AND_ASSIGN(ModelSource tiny_source, OpenModel("tiny-v3"));
+  ASSERT_OK_AND_ASSIGN(MemoryPlan tiny, PlanMemory(tiny_source, device->get(), TinyRequest()));
+  const double available = static_cast<double>(tiny.budget.available);
+  auto weights = [&](WeightFormat f) {
+    ModelOptions o;
+    o.weight_format = f;
+    return static_cast<double>(
+        DeepseekModel::PlanWeightBytes(source.config, device->get(), *source.weights, o));
+  };
+  const double f32 = weights(WeightFormat::kF32), bf16 = weights(WeightFormat::kBF16),
+               fp8 = weights(WeightFormat::kFp8);
+  ASSERT_LT(fp8, bf16);
+  if (available < f32 + (bf16 - fp8)) GTEST_SKIP() << "too little memory to plan small in f32";
+  // Room for fp8's weights and a little more, not for bf16's.
+  r.memory_utilization = (fp8 + (bf16 - fp8) / 2) / available;
+  const absl::Status refused = PlanMemory(source, device->get(), r).status();
+  ASSERT_THAT(refused, StatusIs(absl::StatusCode::kResourceExhausted));
+  const std::string message(refused.message());
+  EXPECT_THAT(message, HasSubstr("--weight-dtype fp8"));
+  EXPECT_THAT(message, Not(HasSubstr("bf16")));
+  r.runner.weight_format = WeightFormat::kFp8;
+  EXPECT_OK(PlanMemory(source, device->get(), r).status());
+  // Room for none of them: more of the memory is the advice.
+  r.runner.weight_format = WeightFormat::kAuto;
+  r.memory_utilization = fp8 / 4 / available;
+  const absl::Status none = PlanMemory(source, device->get(), r).status();
+  EXPECT_THAT(none, StatusIs(absl::StatusCode::kResourceExhausted,
+                             HasSubstr("raise --memory-utilization")));
+  EXPECT_THAT(std::string(none.message()), Not(HasSubstr("--weight-dtype")));
+}
+
 // Each reconfiguration holds the old and the new expert buffers at once:
 // the plan holds back the peak of their sum over the sequence, above the
 // buffers the weights already count.
