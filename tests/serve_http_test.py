@@ -15,6 +15,8 @@
   connection); three pipelined requests are answered in order; 404, 405 and
   413 carry OpenAI-shaped JSON; error.code is a string or null and
   error.param names the field.
+- A long prompt (8 MB) is parsed and tokenized off the HTTP thread; a
+  client that leaves before its whole (non-streamed) response aborts it.
 - Streams carry a logprob entry for every token, textless ones included,
   with bytes in 0-255, the same as the whole response's.
 - mlag bench-serve drives it and reports its figures and failures.
@@ -253,6 +255,37 @@ try:
               f"response's, one per token ({n}), bytes in 0-255")
         textless += sum(1 for e in entries if e["token"] == "")
     check(textless > 0, "the streams had tokens without text of their own", f"{textless} of them")
+
+    # --- A long prompt is tokenized off the HTTP thread: others still answer.
+    big = post_raw("/v1/completions", {"prompt": "x" * (8 << 20), "max_tokens": 2})
+    big_sock = raw(PORT, big)
+    time.sleep(0.05)
+    worst = 0
+    for _ in range(3):
+        t0 = time.time()
+        request(PORT, "GET", "/health", timeout=30)
+        worst = max(worst, time.time() - t0)
+    lines, _, body, _ = read_response(big_sock, b"")
+    big_sock.close()
+    check(lines[0].startswith("HTTP/1.1 400") and json.loads(body)["error"]["code"]
+          == "context_length_exceeded" and worst < 0.5,
+          "/health answers while an 8 MB prompt is tokenized", f"slowest {worst * 1000:.1f} ms")
+
+    # --- A client waiting for a whole response that goes away aborts it.
+    def aborted():
+        text = request(PORT, "GET", "/metrics")[2]
+        return float(text.split('mlag_requests_total{outcome="aborted"} ')[1].split()[0])
+
+    before = aborted()
+    gone = raw(PORT, post_raw("/v1/completions", {"prompt": "x", "max_tokens": max_len - 8,
+                                                   "ignore_eos": True}))
+    time.sleep(0.2)
+    gone.close()
+    t0 = time.time()
+    while aborted() == before and time.time() - t0 < 5:
+        time.sleep(0.05)
+    check(aborted() == before + 1, "a client that leaves before its whole response aborts it",
+          f"noticed in {time.time() - t0:.2f} s")
 
     # --- 1,000 idle and trickling connections.
     idle = [socket.create_connection(("127.0.0.1", PORT)) for _ in range(500)]

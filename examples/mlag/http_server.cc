@@ -204,7 +204,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     exchange_ = std::make_shared<HttpExchange>(weak_from_this());
     WatchForHangUp();
     std::shared_ptr<HttpExchange> exchange = exchange_;
-    server_.handler(request, std::move(exchange));
+    server_.handler(std::move(request), std::move(exchange));
   }
 
   // While a reply is pending the socket is not read; it becoming readable

@@ -101,7 +101,7 @@ class HttpServer {
  public:
   // Called on the server's thread for every whole request; it (or what it
   // posts later) must end or abandon the exchange.
-  using Handler = std::function<void(const HttpRequest&, std::shared_ptr<HttpExchange>)>;
+  using Handler = std::function<void(HttpRequest, std::shared_ptr<HttpExchange>)>;
   // The JSON body of the server's own error replies (400, 404-style
   // protocol errors, 413, 431): status and message in.
   using ErrorBody = std::function<std::string(int status, const std::string& message)>;

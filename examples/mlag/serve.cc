@@ -18,6 +18,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -37,6 +39,7 @@ namespace mlag::cli {
 namespace {
 
 using Json = nlohmann::json;
+namespace net = boost::asio;
 
 struct ServeFlags {
   CLI::App* app = nullptr;
@@ -307,7 +310,9 @@ absl::StatusOr<ApiRequest> ParseRequest(const std::string& body_text, bool chat,
 std::string FinishName(FinishReason reason) { return std::string(FinishReasonName(reason)); }
 
 // The API over the engine: routes, request state and replies. Every method
-// runs on the HTTP server's thread; the engine thread only posts wake-ups.
+// runs on the HTTP server's thread, but for the parsing Complete hands to a
+// worker (which reads only the engine's fixed facts); the engine thread
+// only posts wake-ups.
 class ApiServer {
  public:
   ApiServer(std::unique_ptr<AsyncEngine> engine, std::string model_id)
@@ -315,10 +320,14 @@ class ApiServer {
 
   // The server to post wake-ups to; set before the first request.
   void set_http(HttpServer* http) { http_ = http; }
-  // Stops the engine (joining its threads, so no wake-up is posted after).
-  void StopEngine() { engine_.reset(); }
+  // Stops the parsing workers and the engine (joining their threads, so no
+  // wake-up is posted after).
+  void StopEngine() {
+    workers_.join();
+    engine_.reset();
+  }
 
-  void Handle(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
+  void Handle(HttpRequest req, const std::shared_ptr<HttpExchange>& ex) {
     struct Route {
       const char* path;
       const char* method;
@@ -354,7 +363,8 @@ class ApiServer {
                        Dump({{"object", "list"}, {"data", Json::array({model})}}));
     }
     if (req.path == "/metrics") return ex->Reply(200, "text/plain; version=0.0.4", Metrics());
-    Complete(req, ex, /*chat=*/req.path == "/v1/chat/completions");
+    const bool chat = req.path == "/v1/chat/completions";
+    Complete(std::move(req), ex, chat);
   }
 
   static std::string ErrorJson(int status, const std::string& message) {
@@ -510,17 +520,28 @@ class ApiServer {
             {"model", model_id_}};
   }
 
-  void Complete(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex, bool chat) {
+  // Parsing (which tokenizes the prompt) runs on a worker thread, so that
+  // a long prompt does not hold the HTTP thread; the request then enters
+  // the engine back on the HTTP thread.
+  void Complete(HttpRequest req, const std::shared_ptr<HttpExchange>& ex, bool chat) {
     const uint64_t n = next_id_++;
-    std::string param;
-    absl::StatusOr<ApiRequest> parsed =
-        ParseRequest(req.body, chat, *engine_, model_id_, n, &param);
+    net::post(workers_, [this, body = std::move(req.body), ex, chat, n] {
+      auto param = std::make_shared<std::string>();
+      auto parsed = std::make_shared<absl::StatusOr<ApiRequest>>(
+          ParseRequest(body, chat, *engine_, model_id_, n, param.get()));
+      http_->Post([this, ex, chat, n, parsed, param] { Admit(ex, chat, n, *parsed, *param); });
+    });
+  }
+
+  void Admit(const std::shared_ptr<HttpExchange>& ex, bool chat, uint64_t n,
+             const absl::StatusOr<ApiRequest>& parsed, const std::string& param) {
+    if (ex->ended()) return;  // the client went away meanwhile
     if (!parsed.ok()) {
       ++bad_requests_;
       return SendError(*ex, FromStatus(parsed.status(), param));
     }
     auto p = std::make_shared<Pending>();
-    p->r = std::make_shared<ApiRequest>(*std::move(parsed));
+    p->r = std::make_shared<ApiRequest>(*parsed);
     absl::StatusOr<std::shared_ptr<RequestStream>> submitted =
         engine_->Submit(p->r->spec, p->r->stops);
     if (!submitted.ok()) {
@@ -598,6 +619,7 @@ class ApiServer {
   std::unique_ptr<AsyncEngine> engine_;
   std::string model_id_;
   HttpServer* http_ = nullptr;
+  net::thread_pool workers_{2};  // parse and tokenize requests
   const int64_t created_ = static_cast<int64_t>(std::time(nullptr));
   uint64_t next_id_ = 1;
   int64_t bad_requests_ = 0;
@@ -625,7 +647,7 @@ int Serve(const ServeFlags& f) {
   http_options.shutdown_timeout = absl::Seconds(f.shutdown_timeout);
   absl::StatusOr<std::unique_ptr<HttpServer>> http = HttpServer::Listen(
       http_options,
-      [&api](const HttpRequest& req, std::shared_ptr<HttpExchange> ex) { api.Handle(req, ex); },
+      [&api](HttpRequest req, std::shared_ptr<HttpExchange> ex) { api.Handle(std::move(req), ex); },
       &ApiServer::ErrorJson);
   if (!http.ok()) return Fail(http.status());
   api.set_http(http->get());

@@ -117,7 +117,8 @@ std::string Fixes(const MemoryPlan& p, int64_t longest_fitting, bool kv_given, d
   if (!smaller_weights.empty()) {
     fixes.push_back(absl::StrCat("use --weight-dtype ", absl::StrJoin(smaller_weights, " or ")));
   }
-  if (fixes.empty()) return "nothing smaller fits: the model needs more memory than this process can use here";
+  if (fixes.empty())
+    return "nothing smaller fits: the model needs more memory than this process can use here";
   if (fixes.size() == 1) return fixes[0];
   const std::string last = fixes.back();
   fixes.pop_back();
@@ -243,8 +244,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelSource& source, Device* device,
       ModelOptions o = wo;
       o.weight_format = f;
       const size_t bytes = DeepseekModel::PlanWeightBytes(c, device, *source.weights, o);
-      if (bytes < weights && total - static_cast<double>(weights - bytes) <=
-                                 static_cast<double>(p.usable_bytes)) {
+      if (bytes < weights &&
+          total - static_cast<double>(weights - bytes) <= static_cast<double>(p.usable_bytes)) {
         out.push_back(absl::StrCat(WeightFormatName(f), " (weights ", Gb(bytes), ")"));
       }
     }
