@@ -218,6 +218,32 @@ try:
     check(bodies[0] == {"status": "ok"} and bodies[1]["choices"][0]["text"] == greedy_text
           and bodies[2]["object"] == "list", "three pipelined requests answered in order")
 
+    # --- A request pipelined while the reply before it is pending (the
+    # connection is not read then): both are answered, in order.
+    sock = raw(PORT, post_raw("/v1/completions", dict(greedy, max_tokens=2000, ignore_eos=True)))
+    time.sleep(0.05)
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    try:
+        first, _, body1, buf = read_response(sock, b"")
+        second, _, body2, _ = read_response(sock, buf)
+        answered = (first[0].startswith("HTTP/1.1 200")
+                    and json.loads(body1)["usage"]["completion_tokens"] == 2000
+                    and json.loads(body2) == {"status": "ok"})
+    except (OSError, EOFError) as e:
+        answered = False
+        print(f"  ({e!r})")
+    sock.close()
+    check(answered, "a request sent while the previous reply is pending is answered after it")
+    # HEAD: the headers of GET, no body, and the connection stays usable.
+    c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=30)
+    c.request("HEAD", "/health")
+    r = c.getresponse()
+    head_body = r.read()
+    s2, _, b2 = request(PORT, "GET", "/health", conn=c)
+    c.close()
+    check(r.status == 200 and head_body == b"" and r.getheader("Content-Length") == "15"
+          and s2 == 200 and b2 == {"status": "ok"}, "HEAD answers headers only, keep-alive intact")
+
     # --- Error fields.
     cases = [({"prompt": "a", "temperature": -1}, 400, "temperature", None),
              ({"prompt": "a", "model": "other"}, 404, "model", "model_not_found"),
@@ -226,12 +252,21 @@ try:
              ({"prompt": "a", "echo": True}, 400, "echo", None),
              ({"prompt": "a", "logit_bias": {"5": 10}}, 400, "logit_bias", None),
              ({"prompt": "a", "presence_penalty": 0.5}, 400, "presence_penalty", None),
-             ({"prompt": [1] * max_len}, 400, "prompt", "context_length_exceeded")]
+             ({"prompt": [1] * max_len}, 400, "prompt", "context_length_exceeded"),
+             # Fields of the wrong type: named, and the server lives on.
+             ({"prompt": "a", "stream_options": {"include_usage": 1}}, 400, "stream_options",
+              None),
+             ({"prompt": "a", "ignore_eos": "yes"}, 400, "ignore_eos", None),
+             ({"prompt": "a", "stream": "yes"}, 400, "stream", None)]
     for body, status, param, code in cases:
         s, _, b = request(PORT, "POST", "/v1/completions", body)
         e = b["error"] if isinstance(b, dict) else {}
         check(s == status and e.get("param") == param and e.get("code") == code,
               f"{list(body)[-1]}: {status}, param {param}, code {code}", (s, e))
+    s, _, b = request(PORT, "POST", "/v1/chat/completions",
+                      {"messages": [{"role": "user", "content": [{"type": 5}]}]})
+    check(s == 400 and request(PORT, "GET", "/health")[0] == 200,
+          "a content part of the wrong type is a 400, and the server lives on", (s, b))
     s, _, b = request(PORT, "POST", "/v1/completions", {"prompt": "a", "best_of": 1, "echo": False,
                                                         "presence_penalty": 0, "suffix": None})
     check(s == 200, "the defaults of the refused parameters are accepted", b)

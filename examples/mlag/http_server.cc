@@ -96,7 +96,12 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
  public:
   HttpConnection(HttpServer::Impl& server, tcp::socket socket)
       : server_(server), stream_(std::move(socket)), write_timer_(server.ioc) {}
-  ~HttpConnection() { server_.Forget(this); }
+  ~HttpConnection() {
+    // (A pending reply holds the connection, so none is left here; if one
+    // were, its request must not run on unseen.)
+    if (exchange_ != nullptr && !exchange_->ended()) exchange_->Abandon();
+    server_.Forget(this);
+  }
 
   void Start() { ReadRequest(); }
 
@@ -111,17 +116,20 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     outbox_.clear();
     std::shared_ptr<HttpExchange> exchange = std::move(exchange_);
     if (exchange != nullptr && !exchange->ended()) exchange->Abandon();
+    hold_.reset();  // last: this may be the final reference
   }
 
-  // Shutting down: closes now when no reply is pending, else once it ends.
+  // Shutting down: closes now when waiting for a request, else once the
+  // reply pending (or being written, or lingering) ends.
   void CloseWhenIdle() {
     keep_alive_ = false;
-    if (exchange_ == nullptr) Close();
+    if (exchange_ == nullptr && !writing_ && !reply_ended_) Close();
   }
 
   // For HttpExchange.
   int version() const { return version_; }
   bool keep_alive() const { return keep_alive_; }
+  bool head() const { return head_; }  // a HEAD request: headers only
   void SetKeepAlive(bool keep) { keep_alive_ = keep_alive_ && keep; }
   void Send(std::string data) {
     if (closed_) return;
@@ -201,7 +209,12 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     version_ = request.version;
     keep_alive_ = msg.keep_alive() && !server_.shutting_down;
     ++generation_;
+    head_ = request.method == "HEAD";
     exchange_ = std::make_shared<HttpExchange>(weak_from_this());
+    // While the reply is pending no read holds the connection (the hang-up
+    // watch stops once the client sends more): it holds itself until the
+    // reply ends or it closes.
+    hold_ = shared_from_this();
     WatchForHangUp();
     std::shared_ptr<HttpExchange> exchange = exchange_;
     server_.handler(std::move(request), std::move(exchange));
@@ -254,6 +267,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   // The reply is written: the next request, or a graceful close.
   void AfterReply() {
     exchange_.reset();
+    std::shared_ptr<HttpConnection> self = std::move(hold_);  // alive to the end of this call
     if (keep_alive_ && !server_.shutting_down) return ReadRequest();
     // Half-close, then drain what the client still sends (an unread body,
     // say) for a moment, so that closing does not reset the connection
@@ -276,6 +290,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::shared_ptr<HttpExchange> exchange_;  // the reply pending, if any
+  std::shared_ptr<HttpConnection> hold_;    // itself, while exchange_ is pending
   std::deque<std::string> outbox_;
   net::steady_timer write_timer_;
   uint64_t write_seq_ = 0;
@@ -286,18 +301,20 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   bool writing_ = false;
   bool reply_ended_ = false;
   bool closed_ = false;
+  bool head_ = false;
 };
 
 void HttpExchange::Reply(int status, const std::string& content_type, const std::string& body,
                          const HttpHeaders& headers) {
   if (ended_ || streaming_) return;
   std::shared_ptr<HttpConnection> c = connection_.lock();
-  if (c == nullptr) return;
+  if (c == nullptr) return Abandon();
   ended_ = true;
   std::function<void()> dropped = std::move(on_abandon_);  // freed after the reply is queued
-  c->Send(Head(c->version(), status, content_type, headers, c->keep_alive(),
-               static_cast<int64_t>(body.size())) +
-          body);
+  std::string reply = Head(c->version(), status, content_type, headers, c->keep_alive(),
+                           static_cast<int64_t>(body.size()));
+  if (!c->head()) reply += body;
+  c->Send(std::move(reply));
   c->ReplyEnded();
 }
 
@@ -305,7 +322,7 @@ void HttpExchange::BeginStream(int status, const std::string& content_type,
                                const HttpHeaders& headers) {
   if (ended_ || streaming_) return;
   std::shared_ptr<HttpConnection> c = connection_.lock();
-  if (c == nullptr) return;
+  if (c == nullptr) return Abandon();
   streaming_ = true;
   if (c->version() == 10) c->SetKeepAlive(false);  // the body ends with the connection
   c->Send(Head(c->version(), status, content_type, headers, c->keep_alive(), -1));
@@ -314,7 +331,7 @@ void HttpExchange::BeginStream(int status, const std::string& content_type,
 void HttpExchange::Write(const std::string& data) {
   if (ended_ || !streaming_ || data.empty()) return;
   std::shared_ptr<HttpConnection> c = connection_.lock();
-  if (c == nullptr) return;
+  if (c == nullptr) return Abandon();
   if (c->version() == 10) return c->Send(data);
   char size[32];
   std::snprintf(size, sizeof(size), "%zx\r\n", data.size());
@@ -324,7 +341,7 @@ void HttpExchange::Write(const std::string& data) {
 void HttpExchange::End() {
   if (ended_ || !streaming_) return;
   std::shared_ptr<HttpConnection> c = connection_.lock();
-  if (c == nullptr) return;
+  if (c == nullptr) return Abandon();
   ended_ = true;
   std::function<void()> dropped = std::move(on_abandon_);
   if (c->version() != 10) c->Send("0\r\n\r\n");

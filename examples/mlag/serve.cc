@@ -137,7 +137,7 @@ absl::StatusOr<std::string> ContentText(const Json& content) {
   if (content.is_array()) {
     std::string text;
     for (const Json& part : content) {
-      if (!part.is_object() || part.value("type", std::string()) != "text" ||
+      if (!part.is_object() || !part.contains("type") || part["type"] != Json("text") ||
           !part.contains("text") || !part["text"].is_string()) {
         return absl::InvalidArgumentError("only text content parts are supported");
       }
@@ -174,8 +174,13 @@ absl::StatusOr<ApiRequest> ParseRequest(const std::string& body_text, bool chat,
     if (!body["stream"].is_boolean()) return bad("stream", "'stream' must be a boolean");
     r.stream = body["stream"].get<bool>();
   }
-  if (body.contains("stream_options") && body["stream_options"].is_object()) {
-    r.include_usage = body["stream_options"].value("include_usage", false);
+  if (body.contains("stream_options") && body["stream_options"].is_object() &&
+      body["stream_options"].contains("include_usage")) {
+    const Json& usage = body["stream_options"]["include_usage"];
+    if (!usage.is_boolean()) {
+      return bad("stream_options", "'stream_options.include_usage' must be a boolean");
+    }
+    r.include_usage = usage.get<bool>();
   }
   int n = 1;
   MLAG_RETURN_IF_ERROR(ReadNumber(body, "n", 1, 1, &n, param));
@@ -299,10 +304,29 @@ absl::StatusOr<ApiRequest> ParseRequest(const std::string& body_text, bool chat,
     }
     if (!r.stops.empty() && !tok.ok()) return tok.status();
   }
+  if (body.contains("ignore_eos") && !body["ignore_eos"].is_boolean()) {
+    return bad("ignore_eos", "'ignore_eos' must be a boolean");
+  }
   if (tok.ok() && (*tok)->eos_id() && !body.value("ignore_eos", false)) {
     r.spec.stop_token_ids.push_back(*(*tok)->eos_id());
   }
   return r;
+}
+
+// ParseRequest, with a JSON type error (a field of another type than the
+// one read) as InvalidArgument rather than an exception: it runs on a
+// worker thread, where an exception would end the process.
+absl::StatusOr<ApiRequest> ParseRequestOrError(const std::string& body_text, bool chat,
+                                               const AsyncEngine& engine,
+                                               const std::string& model_id, uint64_t default_seed,
+                                               std::string* param) {
+  try {
+    return ParseRequest(body_text, chat, engine, model_id, default_seed, param);
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("a field has the wrong type: ", e.what()));
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("the request could not be read: ", e.what()));
+  }
 }
 
 // OpenAI's finish_reason: "stop", "length" (and "abort", which no client of
@@ -344,7 +368,9 @@ class ApiServer {
     if (route == nullptr) {
       return SendError(*ex, {404, absl::StrCat("no route ", req.path), "invalid_request_error"});
     }
-    if (req.method != route->method) {
+    // HEAD is GET without the body (the HTTP layer leaves it out).
+    const std::string method = req.method == "HEAD" ? "GET" : req.method;
+    if (method != route->method) {
       ApiError e{405, absl::StrCat(req.path, " takes ", route->method, ", not ", req.method),
                  "invalid_request_error"};
       return SendError(*ex, e, {{"Allow", route->method}});
@@ -528,7 +554,7 @@ class ApiServer {
     net::post(workers_, [this, body = std::move(req.body), ex, chat, n] {
       auto param = std::make_shared<std::string>();
       auto parsed = std::make_shared<absl::StatusOr<ApiRequest>>(
-          ParseRequest(body, chat, *engine_, model_id_, n, param.get()));
+          ParseRequestOrError(body, chat, *engine_, model_id_, n, param.get()));
       http_->Post([this, ex, chat, n, parsed, param] { Admit(ex, chat, n, *parsed, *param); });
     });
   }
