@@ -2,9 +2,11 @@
 
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "runtime/core/status.h"
 
 namespace mlag {
 namespace {
@@ -56,16 +58,47 @@ absl::StatusOr<std::string> ExpandUnicodeClasses(absl::string_view p) {
   std::string out;
   out.reserve(p.size());
   bool in_class = false;
-  // Ranges as a class of their own, or into the class being written.
-  auto emit = [&](const std::vector<CodePointRange>& ranges) {
-    if (in_class) {
-      out += RangesText(ranges);
-    } else {
-      absl::StrAppend(&out, "[", RangesText(ranges), "]");
+  auto refuse = [&p](size_t at, absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pre-tokenizer regex '", p, "', offset ", at, ": ", why));
+  };
+  // Ranges as a class of their own (case-sensitive, as PCRE2 treats \p
+  // even under (?i): explicit ranges would gain case partners), or into
+  // the class being written. `at`..`next`: the escape's span in `p`.
+  auto emit = [&](const std::vector<CodePointRange>& ranges, size_t at,
+                  size_t next) -> absl::Status {
+    if (!in_class) {
+      absl::StrAppend(&out, "(?-i:[", RangesText(ranges), "])");
+      return absl::OkStatus();
     }
+    // A range may not start or end at a class escape (PCRE2 refuses it; as
+    // ranges it would mean something else).
+    const bool dash_after = next + 1 < p.size() && p[next] == '-' && p[next + 1] != ']';
+    const bool dash_before = at >= 2 && p[at - 1] == '-' && p[at - 2] != '[' &&
+                             !(p[at - 2] == '^' && at >= 3 && p[at - 3] == '[');
+    if (dash_after || dash_before) return refuse(at, "a range cannot start or end at \\p or \\s");
+    out += RangesText(ranges);
+    return absl::OkStatus();
   };
   auto all = [](const NamedRanges& r) {
     return std::vector<CodePointRange>(r.ranges, r.ranges + r.size);
+  };
+  // Copies `p[from, to)` as written.
+  auto copy = [&](size_t from, size_t to) { out.append(p.data() + from, to - from); };
+  // After [ or [^: \E and \Q\E are skipped, as PCRE2 does, before a ]
+  // that is then a literal.
+  auto class_start = [&](size_t j) {
+    for (;;) {
+      if (p.substr(j, 2) == "\\E") {
+        copy(j, j + 2), j += 2;
+      } else if (p.substr(j, 4) == "\\Q\\E") {
+        copy(j, j + 4), j += 4;
+      } else {
+        break;
+      }
+    }
+    if (j < p.size() && p[j] == ']') copy(j, j + 1), ++j;
+    return j;
   };
   size_t i = 0;
   while (i < p.size()) {
@@ -75,8 +108,13 @@ absl::StatusOr<std::string> ExpandUnicodeClasses(absl::string_view p) {
       if (e == 'Q') {  // a literal run, up to \E
         const size_t end = p.find("\\E", i + 2);
         const size_t stop = end == absl::string_view::npos ? p.size() : end + 2;
-        out.append(p.data() + i, stop - i);
+        copy(i, stop);
         i = stop;
+        continue;
+      }
+      if (e == 'c' && i + 2 < p.size()) {  // \cX: X is data
+        copy(i, i + 3);
+        i += 3;
         continue;
       }
       if (e == 'p' || e == 'P') {
@@ -85,8 +123,7 @@ absl::StatusOr<std::string> ExpandUnicodeClasses(absl::string_view p) {
         if (i + 2 < p.size() && p[i + 2] == '{') {
           const size_t close = p.find('}', i + 3);
           if (close == absl::string_view::npos) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "pre-tokenizer regex: \\", std::string(1, e), "{ at offset ", i, " is not closed"));
+            return refuse(i, absl::StrCat("\\", std::string(1, e), "{ is not closed"));
           }
           name = p.substr(i + 3, close - i - 3);
           next = close + 1;
@@ -94,7 +131,7 @@ absl::StatusOr<std::string> ExpandUnicodeClasses(absl::string_view p) {
           name = p.substr(i + 2, 1);
           next = i + 3;
         } else {
-          out.append(p.data() + i, p.size() - i);  // PCRE2 names the error
+          copy(i, p.size());  // PCRE2 names the error
           break;
         }
         bool negate = e == 'P';
@@ -106,50 +143,67 @@ absl::StatusOr<std::string> ExpandUnicodeClasses(absl::string_view p) {
           if (absl::StartsWith(name, prefix)) name.remove_prefix(prefix.size());
         }
         const NamedRanges* table = UnicodeCategory(name);
-        if (table == nullptr) {  // a script or another property: PCRE2's own
-          out.append(p.data() + i, next - i);
+        // Scripts and other properties stay PCRE2's; so does Cs, the
+        // surrogates, which are not characters (and the same in every
+        // version): as ranges it would be an empty class.
+        if (table == nullptr || name == "Cs") {
+          copy(i, next);
         } else {
-          emit(negate ? Complement(*table) : all(*table));
+          MLAG_RETURN_IF_ERROR(emit(negate ? Complement(*table) : all(*table), i, next));
         }
         i = next;
         continue;
       }
-      if (e == 's') {
-        emit(all(unicode_tables::kWhiteSpaceRanges));
+      if (e == 's' || e == 'S') {
+        MLAG_RETURN_IF_ERROR(emit(e == 's' ? all(unicode_tables::kWhiteSpaceRanges)
+                                           : Complement(unicode_tables::kWhiteSpaceRanges),
+                                  i, i + 2));
         i += 2;
         continue;
       }
-      if (e == 'S') {
-        emit(Complement(unicode_tables::kWhiteSpaceRanges));
-        i += 2;
-        continue;
-      }
-      out += c;  // any other escape: both characters as written
-      out += e;
+      copy(i, i + 2);  // any other escape: both characters as written
       i += 2;
       continue;
     }
     if (!in_class) {
-      out += c;
+      // Comments (?#...) and verbs (*...) hold no syntax: copied whole.
+      if (c == '(' && (p.substr(i, 3) == "(?#" || p.substr(i, 2) == "(*")) {
+        const size_t close = p.find(')', i);
+        const size_t stop = close == absl::string_view::npos ? p.size() : close + 1;
+        copy(i, stop);
+        i = stop;
+        continue;
+      }
+      // Extended mode would make whitespace and # comments syntax too.
+      if (c == '(' && p.substr(i, 2) == "(?") {
+        size_t j = i + 2;
+        while (j < p.size() && (absl::ascii_isalpha(p[j]) || p[j] == '-' || p[j] == '^')) {
+          if (p[j] == 'x') return refuse(i, "extended mode (?x) is not supported");
+          ++j;
+        }
+      }
+      copy(i, i + 1);
       ++i;
       if (c == '[') {
         in_class = true;
-        // A leading ^ negates; a ] right after [ or [^ is a literal.
-        if (i < p.size() && p[i] == '^') out += p[i++];
-        if (i < p.size() && p[i] == ']') out += p[i++];
+        if (i < p.size() && p[i] == '^') copy(i, i + 1), ++i;
+        i = class_start(i);
       }
       continue;
     }
-    if (c == '[' && i + 1 < p.size() && p[i + 1] == ':') {  // [:alpha:] inside a class
-      const size_t close = p.find(":]", i + 2);
-      if (close != absl::string_view::npos) {
-        out.append(p.data() + i, close + 2 - i);
-        i = close + 2;
+    // [:name:] or [:^name:] inside a class, as PCRE2 reads one.
+    if (c == '[' && i + 1 < p.size() && p[i + 1] == ':') {
+      size_t j = i + 2;
+      if (j < p.size() && p[j] == '^') ++j;
+      while (j < p.size() && absl::ascii_isalpha(p[j])) ++j;
+      if (j > i + 2 && p.substr(j, 2) == ":]") {
+        copy(i, j + 2);
+        i = j + 2;
         continue;
       }
     }
     if (c == ']') in_class = false;
-    out += c;
+    copy(i, i + 1);
     ++i;
   }
   return out;

@@ -12,7 +12,7 @@
 // PCRE2 matches the same at any version.
 //
 //   MLAG_ASSIGN_OR_RETURN(std::string pattern, ExpandUnicodeClasses(R"(\p{L}+|\s+)"));
-//   // "[\x{41}-\x{5A}\x{61}-\x{7A}...]+|[\x{9}-\x{D}\x{20}...]+"
+//   // "(?-i:[\x{41}-\x{5A}\x{61}-\x{7A}...])+|(?-i:[\x{9}-\x{D}\x{20}...])+"
 #pragma once
 
 #include <cstddef>
@@ -46,13 +46,20 @@ extern const NamedRanges kWhiteSpaceRanges;
 // is the unassigned code points), or nullptr for another name.
 const NamedRanges* UnicodeCategory(absl::string_view name);
 
-// `pattern` (PCRE2 syntax) with \p{X}, \pX, \P{X}, \PX (X a general
-// category, with or without the "General_Category=" or "gc=" prefix), \s
-// and \S replaced by explicit ranges of the tables: a class of its own
-// outside brackets, the ranges themselves inside them (a negation as its
-// complement's ranges). Every other part of the pattern (other properties,
-// \Q...\E, POSIX classes, escaped characters) is kept as written.
-// InvalidArgument naming the escape for a \p{...} that is not closed.
+// `pattern` (PCRE2 syntax) with \p{X}, \pX, \P{X}, \PX and \p{^X} (X a
+// general category but Cs, with or without a "General_Category=" or "gc="
+// prefix), \s and \S replaced by explicit ranges of the tables: a
+// case-sensitive class of its own outside brackets, the ranges themselves
+// inside them (a negation as its complement's ranges). Every other part of
+// the pattern is kept as written: other properties and lower-case or
+// spaced names (left to PCRE2's Unicode), \w, \d, \b, \h, \v, \R, POSIX
+// classes, \Q...\E, \cX, comments (?#...) and verbs (*...).
+// InvalidArgument naming the place for a \p{ that is not closed, a class
+// range that starts or ends at an expanded escape ([\s-z], which PCRE2
+// refuses too), and extended mode (?x).
+// Under (?i), an expanded escape inside brackets gains the case partners of
+// its ranges (PCRE2 ignores case for \p); the patterns tokenizers ship use
+// (?i) only around literals.
 absl::StatusOr<std::string> ExpandUnicodeClasses(absl::string_view pattern);
 
 }  // namespace mlag

@@ -114,33 +114,45 @@ TEST(TokenizerCodepointTest, EveryCodePointSplitsAndEncodesAsTheReference) {
 TEST(UnicodeClassesTest, ExpandsCategoriesAndWhiteSpaceAndKeepsTheRest) {
   auto expand = [](const std::string& p) {
     absl::StatusOr<std::string> e = ExpandUnicodeClasses(p);
-    EXPECT_TRUE(e.ok()) << e.status();
+    EXPECT_TRUE(e.ok()) << p << ": " << e.status();
     return e.ok() ? *e : std::string();
   };
+  auto own = [](const std::string& ranges) { return "(?-i:[" + ranges + "])"; };
   const std::string ws =
       "\\x{9}-\\x{D}\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}"
       "\\x{2028}-\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
-  EXPECT_EQ(expand("\\s+"), "[" + ws + "]+");  // U+180E is not White_Space
+  EXPECT_EQ(expand("\\s+"), own(ws) + "+");  // U+180E is not White_Space
   EXPECT_EQ(expand("[^\\r\\n\\s]"), "[^\\r\\n" + ws + "]");
-  EXPECT_EQ(expand("[]\\s]"), "[]" + ws + "]");  // a leading ] is a literal
-  // Kept as written: an escaped backslash, a quoted run, scripts, POSIX classes.
-  EXPECT_EQ(expand("\\\\p{L}"), "\\\\p{L}");
-  EXPECT_EQ(expand("\\Q\\p{L}\\E"), "\\Q\\p{L}\\E");
-  EXPECT_EQ(expand("\\p{Han}+"), "\\p{Han}+");
-  EXPECT_EQ(expand("[[:alpha:]x]"), "[[:alpha:]x]");
+  EXPECT_EQ(expand("[]\\s]"), "[]" + ws + "]");        // a leading ] is a literal
+  EXPECT_EQ(expand("[\\E]\\s]"), "[\\E]" + ws + "]");  // also after \E, as PCRE2 reads it
+  EXPECT_EQ(expand("[\\s-]"), "[" + ws + "-]");        // a trailing - is a literal
+  // Kept as written: an escaped backslash, a quoted run, \cX, scripts, Cs,
+  // POSIX classes, comments and verbs.
+  for (const std::string kept :
+       {"\\\\p{L}", "\\Q\\p{L}\\E", "\\c\\", "\\p{Han}+", "\\p{Cs}", "[[:alpha:]x]",
+        "[[:^alpha:]x]", "(?#[)x", "(*MARK:[)x", "(?i:'s|'t)"}) {
+    EXPECT_EQ(expand(kept), kept);
+  }
+  EXPECT_EQ(expand("\\c\\s"), "\\c\\s");             // \c takes the \ as its data
+  EXPECT_EQ(expand("(?#[)\\s"), "(?#[)" + own(ws));  // the [ is a comment's, not a class
+  EXPECT_EQ(expand("[[:]:]\\s"), "[[:]:]" + own(ws));
   // A category: its ranges; \pL and \p{L} alike; the negation as its
   // complement, without the surrogates (PCRE2 refuses them in UTF mode).
   const std::string letters = expand("\\p{L}");
   EXPECT_EQ(expand("\\pL"), letters);
-  EXPECT_TRUE(absl::StartsWith(letters, "[\\x{41}-\\x{5A}\\x{61}-\\x{7A}\\x{AA}")) << letters;
+  EXPECT_TRUE(absl::StartsWith(letters, "(?-i:[\\x{41}-\\x{5A}\\x{61}-\\x{7A}\\x{AA}")) << letters;
   // U+1C89 and U+1C8A (Unicode 16) extend the run from U+1C80.
   EXPECT_NE(letters.find("\\x{1C80}-\\x{1C8A}"), std::string::npos);
   const std::string not_letters = expand("\\P{L}");
-  EXPECT_TRUE(absl::StartsWith(not_letters, "[\\x{0}-\\x{40}\\x{5B}-\\x{60}")) << not_letters;
+  EXPECT_TRUE(absl::StartsWith(not_letters, "(?-i:[\\x{0}-\\x{40}\\x{5B}-\\x{60}")) << not_letters;
   EXPECT_EQ(not_letters.find("D800"), std::string::npos);
   EXPECT_EQ(expand("\\p{^L}"), not_letters);
   EXPECT_EQ(expand("\\PS"), expand("\\p{^S}"));
-  EXPECT_FALSE(ExpandUnicodeClasses("\\p{L").ok());
+  // Refused, naming the place: an unclosed name, a range at an expanded
+  // escape (PCRE2 refuses those too), extended mode.
+  for (const char* refused : {"\\p{L", "[\\s-z]", "[a-\\s]", "[\\p{L}-\\x{10FFFF}]", "(?x)a b"}) {
+    EXPECT_FALSE(ExpandUnicodeClasses(refused).ok()) << refused;
+  }
 }
 
 }  // namespace
