@@ -119,6 +119,47 @@ absl::Status TopLogprobs(Stream& stream, const Tensor& logits, const Tensor& k,
   });
 }
 
+absl::Status AdjustLogits(Stream& stream, const Tensor& logits, const Tensor& offsets,
+                          const Tensor& tokens, const Tensor& deltas) {
+  MLAG_RETURN_IF_ERROR(CheckLogits(stream, logits));
+  const int64_t B = logits.size(0);
+  const int64_t V = logits.size(1);
+  MLAG_RETURN_IF_ERROR(CheckShape(offsets, "offsets", {B + 1}));
+  MLAG_RETURN_IF_ERROR(CheckShape(tokens, "tokens", {-1}));
+  const int64_t A = tokens.size(0);
+  MLAG_RETURN_IF_ERROR(CheckShape(deltas, "deltas", {A}));
+  struct Operand {
+    const Tensor& t;
+    const char* name;
+    DType dtype;
+  };
+  for (const Operand& o :
+       {Operand{offsets, "offsets", DType::kI32}, Operand{tokens, "tokens", DType::kI32},
+        Operand{deltas, "deltas", DType::kF32}}) {
+    MLAG_RETURN_IF_ERROR(CheckOnStream(stream, o.t, o.name));
+    MLAG_RETURN_IF_ERROR(CheckDType(o.t, o.name, {o.dtype}));
+    MLAG_RETURN_IF_ERROR(CheckContiguous(o.t, o.name));
+  }
+  if (B == 0) return absl::OkStatus();
+  if (stream.is_cuda()) {
+#if MLAG_HAVE_CUDA
+    return stream.LaunchCuda(
+        "adjust_logits", OpKind::kKernel,
+        [&](void* s) {
+          return static_cast<int>(cuda::LaunchAdjustLogits(
+              logits.data_as<float>(), B, V, logits.stride(0), offsets.data_as<const int32_t>(),
+              tokens.data_as<const int32_t>(), deltas.data_as<const float>(), A,
+              static_cast<cudaStream_t>(s)));
+        },
+        MovedBytes({&offsets}));
+#endif
+  }
+  return stream.LaunchHost("adjust_logits", OpKind::kKernel, [logits, offsets, tokens, deltas] {
+    host::AdjustLogits(logits, offsets, tokens, deltas);
+    return absl::OkStatus();
+  });
+}
+
 absl::Status FeedSampledTokens(Stream& stream, const Tensor& src, const Tensor& stop_ids,
                                const Tensor& query_start_loc, const Tensor& prev_tokens,
                                const Tensor& input_ids, const Tensor& slot_mapping) {

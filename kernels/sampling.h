@@ -43,6 +43,24 @@ constexpr int kMaxTopLogprobs = 64;
 absl::Status TopLogprobs(Stream& stream, const Tensor& logits, const Tensor& k,
                          const Tensor& out_tokens, const Tensor& out_logprobs);
 
+// The most logit adjustments one sequence carries in a step: its logit_bias
+// entries plus the distinct tokens it has generated, when it has penalties
+// (runtime/engine/request.h). Sizes the runner's adjustment buffer.
+constexpr int kMaxLogitAdjustmentsPerSeq = 4096;
+
+// Sparse additions to the logits before sampling (logit_bias and the
+// presence and frequency penalties, folded by the caller into one delta per
+// token). For every row b and every i in [offsets[b], offsets[b + 1]):
+//   logits[b, tokens[i]] += deltas[i]   (an f32 add)
+// Each row lists a token at most once. Entries whose token is outside
+// [0, V) are skipped; offsets are clamped to [0, A]. The sum is one f32
+// addition per touched logit, whatever the batch: batch-invariant.
+//   logits: f32 [B, V] row-major; offsets: i32 [B + 1]; tokens: i32 [A];
+//   deltas: f32 [A]; all contiguous.
+// On CUDA: one block per row, capturable into a graph.
+absl::Status AdjustLogits(Stream& stream, const Tensor& logits, const Tensor& offsets,
+                          const Tensor& tokens, const Tensor& deltas);
+
 // The most stop tokens per sequence FeedSampledTokens checks.
 constexpr int kMaxFeedStopIds = 8;
 

@@ -294,4 +294,16 @@ absl::Status DeepseekModel::Forward(Stream& stream, const AttentionMetadata& met
   return Linear(stream, last_hidden, lm_head_, Rows(acts_.logits, B));
 }
 
+absl::Status DeepseekModel::LogitsOfRows(Stream& stream, const Tensor& token_rows) {
+  const int64_t n = token_rows.numel();
+  if (n < 1 || n > options_.max_seqs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "logits of ", n, " rows; the model was built for at most ", options_.max_seqs));
+  }
+  // Forward left the final norm's output in acts_.normed, every token row.
+  const Tensor hidden = Rows(acts_.last_hidden, n);
+  MLAG_RETURN_IF_ERROR(GatherRows(stream, token_rows, acts_.normed, hidden));
+  return Linear(stream, hidden, lm_head_, Rows(acts_.logits, n));
+}
+
 }  // namespace mlag

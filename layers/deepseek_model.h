@@ -93,6 +93,12 @@ class DeepseekModel {
   // holds one row of vocabulary logits per sequence.
   absl::Status Forward(Stream& stream, const AttentionMetadata& meta);
 
+  // After a Forward and before the next: the logits of its token rows
+  // `token_rows` (i32 [n] on the device, n <= max_seqs) into logits(n),
+  // through the same final hidden states and LM head as Forward's. For
+  // prompt log-probabilities; eager only.
+  absl::Status LogitsOfRows(Stream& stream, const Tensor& token_rows);
+
   // f32 [num_seqs, V]: the logits of the last Forward's sequences.
   Tensor logits(int num_seqs) const { return Rows(acts_.logits, num_seqs); }
 

@@ -17,6 +17,9 @@
   error.param names the field.
 - A long prompt (8 MB) is parsed and tokenized off the HTTP thread; a
   client that leaves before its whole (non-streamed) response aborts it.
+- echo returns the prompt and its logprobs (those generation reported for
+  the same tokens); logit_bias and the presence and frequency penalties
+  change the choices as the plain logprobs say they must.
 - Streams carry a logprob entry for every token, textless ones included,
   with bytes in 0-255, the same as the whole response's.
 - mlag bench-serve drives it and reports its figures and failures.
@@ -27,6 +30,7 @@ Usage: serve_http_test.py MLAG
 """
 import http.client
 import json
+import math
 import os
 import resource
 import select
@@ -249,9 +253,13 @@ try:
              ({"prompt": "a", "model": "other"}, 404, "model", "model_not_found"),
              ({"prompt": "a", "best_of": 2}, 400, "best_of", None),
              ({"prompt": "a", "suffix": "z"}, 400, "suffix", None),
-             ({"prompt": "a", "echo": True}, 400, "echo", None),
-             ({"prompt": "a", "logit_bias": {"5": 10}}, 400, "logit_bias", None),
-             ({"prompt": "a", "presence_penalty": 0.5}, 400, "presence_penalty", None),
+             ({"prompt": "a", "echo": 1}, 400, "echo", None),
+             ({"prompt": "a", "logit_bias": {"5": 101}}, 400, "logit_bias", None),
+             ({"prompt": "a", "logit_bias": {"x": 1}}, 400, "logit_bias", None),
+             ({"prompt": "a", "logit_bias": {str(10 ** 9): 1}}, 400, "logit_bias", None),
+             ({"prompt": "a", "logit_bias": [5]}, 400, "logit_bias", None),
+             ({"prompt": "a", "presence_penalty": 2.5}, 400, "presence_penalty", None),
+             ({"prompt": "a", "frequency_penalty": "1"}, 400, "frequency_penalty", None),
              ({"prompt": [1] * max_len}, 400, "prompt", "context_length_exceeded"),
              # Fields of the wrong type: named, and the server lives on.
              ({"prompt": "a", "stream_options": {"include_usage": 1}}, 400, "stream_options",
@@ -270,6 +278,93 @@ try:
     s, _, b = request(PORT, "POST", "/v1/completions", {"prompt": "a", "best_of": 1, "echo": False,
                                                         "presence_penalty": 0, "suffix": None})
     check(s == 200, "the defaults of the refused parameters are accepted", b)
+    s, _, b = request(PORT, "POST", "/v1/chat/completions",
+                      {"messages": [{"role": "user", "content": "hi"}], "echo": True})
+    check(s == 400 and b["error"]["param"] == "echo", "echo is refused for chat", b)
+
+    # --- echo, logit_bias and the penalties, against the server's plain answers
+    # (runtime_sampling_params checks the engine against a full reference).
+    # Tokens come back as "token_id:N" (return_tokens_as_token_ids).
+    def complete(prompt, **kw):
+        body = dict({"prompt": prompt, "temperature": 0, "return_tokens_as_token_ids": True}, **kw)
+        s_, _, b_ = request(PORT, "POST", "/v1/completions", body)
+        check(s_ == 200, f"completion {kw}", b_)
+        return b_["choices"][0]
+
+    def tid(t):
+        return int(t.split(":")[1])
+
+    gen = complete([5, 17], max_tokens=8, logprobs=5)
+    g_ids = [tid(t) for t in gen["logprobs"]["tokens"]]
+    g_lp = gen["logprobs"]["token_logprobs"]
+    # echo: a prompt that is the model's own greedy continuation, so each of
+    # its tokens was the top-1 there: its prompt logprobs are the logprobs the
+    # generating request reported (prefill against decode: float rounding).
+    prompt = [5, 17] + g_ids[:7]
+    echo = complete(prompt, max_tokens=1, logprobs=2, echo=True)
+    elp = echo["logprobs"]
+    plain_text = complete(prompt, max_tokens=1)["text"]
+    ok = (echo["text"].endswith(plain_text) and len(echo["text"]) > len(plain_text)
+          and [tid(t) for t in elp["tokens"][:9]] == prompt and len(elp["tokens"]) == 10
+          and elp["token_logprobs"][0] is None and elp["top_logprobs"][0] is None
+          and all(abs(a - b) < 1e-4 for a, b in zip(elp["token_logprobs"][2:9], g_lp[:7]))
+          and all(max(elp["top_logprobs"][j], key=elp["top_logprobs"][j].get)
+                  == f"token_id:{prompt[j]}" for j in range(2, 9)))
+    check(ok, "echo: the prompt's text, tokens and logprobs come first, as generation reported "
+          "them", json.dumps(elp)[:300])
+    s, _, text = request(PORT, "POST", "/v1/completions",
+                         {"prompt": prompt, "max_tokens": 1, "logprobs": 2, "echo": True,
+                          "temperature": 0, "return_tokens_as_token_ids": True, "stream": True})
+    chunks = [json.loads(l[6:]) for l in text.split("\n") if l.startswith("data: {")]
+    s_text = "".join(c["choices"][0]["text"] for c in chunks)
+    s_tokens = [t for c in chunks if c["choices"][0]["logprobs"]
+                for t in c["choices"][0]["logprobs"]["tokens"]]
+    s_lp = [t for c in chunks if c["choices"][0]["logprobs"]
+            for t in c["choices"][0]["logprobs"]["token_logprobs"]]
+    check(s == 200 and s_text == echo["text"] and s_tokens == elp["tokens"]
+          and s_lp == elp["token_logprobs"], "a streamed echo is the whole one",
+          (s_text, echo["text"]))
+    # logit_bias: -100 on the greedy first token gives the runner-up, whose
+    # logprob renormalises without the banned one; +100 on a token makes it
+    # every token.
+    top0 = gen["logprobs"]["top_logprobs"][0]
+    ranked = sorted(top0, key=top0.get, reverse=True)
+    banned = complete([5, 17], max_tokens=1, logprobs=1, logit_bias={str(g_ids[0]): -100})
+    p1 = math.exp(top0[ranked[0]])
+    want = top0[ranked[1]] - math.log(1 - p1 + p1 * math.exp(-100))
+    got = banned["logprobs"]["token_logprobs"][0]
+    check(banned["logprobs"]["tokens"][0] == ranked[1] and abs(got - want) < 1e-4,
+          "logit_bias -100 on the greedy token: the runner-up, renormalised", (got, want))
+    forced = complete([5, 17], max_tokens=4, logit_bias={"3": 100}, logprobs=1)
+    check([tid(t) for t in forced["logprobs"]["tokens"]] == [3] * 4,
+          "logit_bias +100 makes the token every token", forced["logprobs"]["tokens"])
+    # Penalties: every choice is the argmax of the plain logprobs less the
+    # penalties of the tokens so far, read from the plain top 20 of each
+    # prefix. A token outside it scores at most the 20th logprob, plus its
+    # own penalty's boost when it was generated (a negative presence penalty
+    # favours repeats, which this greedy run otherwise has none of).
+    pres, freq = -1.5, 0.25
+    pen = complete([5, 17], max_tokens=10, presence_penalty=pres, frequency_penalty=freq,
+                   logprobs=1)
+    pen_ids = [tid(t) for t in pen["logprobs"]["tokens"]]
+    decisive = agree = 0
+    for j in range(len(pen_ids)):
+        top = complete([5, 17] + pen_ids[:j], max_tokens=1, logprobs=20)["logprobs"]
+        floor = min(top["top_logprobs"][0].values())
+        scores, bound = {}, floor
+        for t, lp in top["top_logprobs"][0].items():
+            c = pen_ids[:j].count(tid(t))
+            scores[tid(t)] = lp - pres * (c > 0) - freq * c
+        for t in set(pen_ids[:j]) - set(scores):
+            c = pen_ids[:j].count(t)
+            bound = max(bound, floor - pres - freq * c)
+        order = sorted(scores, key=scores.get, reverse=True)
+        if scores[order[0]] - max(scores[order[1]], bound) > 1e-3:
+            decisive += 1
+            agree += order[0] == pen_ids[j]
+    check(decisive >= 5 and agree == decisive and pen_ids[:8] != g_ids,
+          "penalties: each token is the penalised argmax of the plain logprobs",
+          f"{agree} of {decisive} decisive choices; {pen_ids} vs plain {g_ids}")
 
     # --- Logprobs in streams: an entry for every token, textless ones too.
     textless = 0

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "examples/mlag/cli.h"
@@ -104,6 +105,13 @@ struct ApiRequest {
   std::vector<std::string> stops;
   int top_logprobs = 0;   // completions: "logprobs"; chat: "top_logprobs"
   bool logprobs = false;  // chat: "logprobs"
+  // Completions' "echo": the reply starts with the prompt (and, with
+  // logprobs, the prompt tokens' log-probabilities).
+  bool echo = false;
+  std::string prompt_text;
+  // "return_tokens_as_token_ids" (as vLLM names it): logprob entries name
+  // tokens as "token_id:N", which survives tokens that are not whole text.
+  bool tokens_as_ids = false;
 };
 
 // Reads an optional number field, range-checked; an error naming it
@@ -193,17 +201,51 @@ absl::StatusOr<ApiRequest> ParseRequest(const std::string& body_text, bool chat,
   if (given("suffix") && body["suffix"] != Json("")) {
     return bad("suffix", "'suffix' is not supported");
   }
-  if (given("echo") && body["echo"] != Json(false)) {
-    return bad("echo", "'echo' is not supported yet");
+  if (given("echo")) {
+    if (!body["echo"].is_boolean()) return bad("echo", "'echo' must be a boolean");
+    r.echo = body["echo"].get<bool>();
+    if (r.echo && chat) return bad("echo", "'echo' applies to completions, not chat");
   }
-  if (given("logit_bias") && !(body["logit_bias"].is_object() && body["logit_bias"].empty())) {
-    return bad("logit_bias", "'logit_bias' is not supported yet");
+  if (given("return_tokens_as_token_ids")) {
+    if (!body["return_tokens_as_token_ids"].is_boolean()) {
+      return bad("return_tokens_as_token_ids", "'return_tokens_as_token_ids' must be a boolean");
+    }
+    r.tokens_as_ids = body["return_tokens_as_token_ids"].get<bool>();
   }
-  for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
-    if (given(penalty) && body[penalty] != Json(0)) {
-      return bad(penalty, absl::StrCat("'", penalty, "' is not supported yet (0 only)"));
+  SamplingParams& sp = r.spec.sampling;
+  if (given("logit_bias")) {
+    const Json& bias = body["logit_bias"];
+    if (!bias.is_object()) {
+      return bad("logit_bias", "'logit_bias' must be an object of token id -> bias");
+    }
+    if (bias.size() > static_cast<size_t>(kMaxLogitBias)) {
+      return bad("logit_bias", absl::StrCat("'logit_bias' has ", bias.size(), " entries; at most ",
+                                            kMaxLogitBias));
+    }
+    for (const auto& [key, value] : bias.items()) {
+      int64_t id = -1;
+      if (!absl::SimpleAtoi(key, &id) || id < 0 || id >= engine.config().vocab_size) {
+        return bad("logit_bias",
+                   absl::StrCat("'logit_bias' key '", key, "' is not a token id in [0, ",
+                                engine.config().vocab_size, ")"));
+      }
+      if (!value.is_number() || !(value.get<double>() >= -100 && value.get<double>() <= 100)) {
+        return bad("logit_bias",
+                   absl::StrCat("'logit_bias' of token ", key, " must be a number in [-100, 100]"));
+      }
+      sp.logit_bias.push_back({static_cast<int32_t>(id), value.get<float>()});
+    }
+    std::sort(sp.logit_bias.begin(), sp.logit_bias.end(),
+              [](const LogitAdjustment& a, const LogitAdjustment& b) { return a.token < b.token; });
+    for (size_t i = 1; i < sp.logit_bias.size(); ++i) {
+      if (sp.logit_bias[i].token == sp.logit_bias[i - 1].token) {
+        return bad("logit_bias",
+                   absl::StrCat("'logit_bias' names token ", sp.logit_bias[i].token, " twice"));
+      }
     }
   }
+  MLAG_RETURN_IF_ERROR(ReadNumber(body, "presence_penalty", -2, 2, &sp.presence_penalty, param));
+  MLAG_RETURN_IF_ERROR(ReadNumber(body, "frequency_penalty", -2, 2, &sp.frequency_penalty, param));
   absl::StatusOr<const Tokenizer*> tok = engine.tokenizer();
 
   // The prompt.
@@ -230,6 +272,7 @@ absl::StatusOr<ApiRequest> ParseRequest(const std::string& body_text, bool chat,
     if (prompt.is_array() && prompt.size() == 1 && prompt[0].is_string()) prompt = prompt[0];
     if (prompt.is_string()) {
       if (!tok.ok()) return tok.status();
+      if (r.echo) r.prompt_text = prompt.get<std::string>();
       MLAG_ASSIGN_OR_RETURN(r.spec.prompt,
                             (*tok)->Encode(prompt.get<std::string>(), (*tok)->add_bos()));
     } else if (prompt.is_array() && !prompt.empty()) {
@@ -244,6 +287,9 @@ absl::StatusOr<ApiRequest> ParseRequest(const std::string& body_text, bool chat,
                                             engine.config().vocab_size, ")"));
         }
         r.spec.prompt.push_back(static_cast<int32_t>(id));
+      }
+      if (r.echo && tok.ok()) {
+        r.prompt_text = (*tok)->Decode(r.spec.prompt, /*skip_special=*/false);
       }
     } else {
       return bad("prompt", "'prompt' must be a string or an array of token ids");
@@ -265,7 +311,6 @@ absl::StatusOr<ApiRequest> ParseRequest(const std::string& body_text, bool chat,
   MLAG_RETURN_IF_ERROR(ReadNumber(body, "max_tokens", 1, 1 << 30, &r.spec.max_tokens, param));
   MLAG_RETURN_IF_ERROR(
       ReadNumber(body, "max_completion_tokens", 1, 1 << 30, &r.spec.max_tokens, param));
-  SamplingParams& sp = r.spec.sampling;
   sp.temperature = 1.0f;  // OpenAI's default
   MLAG_RETURN_IF_ERROR(ReadNumber(body, "temperature", 0, 100, &sp.temperature, param));
   MLAG_RETURN_IF_ERROR(ReadNumber(body, "top_p", 1e-9, 1, &sp.top_p, param));
@@ -288,6 +333,7 @@ absl::StatusOr<ApiRequest> ParseRequest(const std::string& body_text, bool chat,
   } else {
     MLAG_RETURN_IF_ERROR(ReadNumber(body, "logprobs", 0, 20, &r.top_logprobs, param));
     sp.logprobs = r.top_logprobs;
+    if (r.echo && sp.logprobs > 0) sp.prompt_logprobs = sp.logprobs;
   }
   // Stops: strings, and the end-of-sentence token unless ignore_eos.
   if (body.contains("stop") && !body["stop"].is_null()) {
@@ -410,6 +456,7 @@ class ApiServer {
     std::string text;
     std::vector<int32_t> tokens;
     std::vector<std::vector<TokenLogprob>> logprobs;
+    std::vector<PromptLogprob> prompt_logprobs;
   };
 
   static void SendError(HttpExchange& ex, const ApiError& e, HttpHeaders headers = {}) {
@@ -468,11 +515,17 @@ class ApiServer {
   // A token's logprob entries. Chat's "token" is the token's text, "" when
   // its bytes are not whole UTF-8 characters (one byte of a character, say);
   // "bytes" always holds them, as integers 0-255.
+  // `prompt` (completions with echo): the prompt tokens' entries go first.
   Json LogprobsJson(const ApiRequest& r, const std::vector<int32_t>& tokens,
-                    const std::vector<std::vector<TokenLogprob>>& lps) const {
+                    const std::vector<std::vector<TokenLogprob>>& lps,
+                    const std::vector<PromptLogprob>* prompt = nullptr) const {
     const Tokenizer* tok = engine_->tokenizer().ok() ? *engine_->tokenizer() : nullptr;
     auto bytes_of = [&](int32_t id) {
       return tok != nullptr ? tok->TokenBytes(id) : std::to_string(id);
+    };
+    // A completion's name of a token: its bytes, or "token_id:N".
+    auto name_of = [&](int32_t id) {
+      return r.tokens_as_ids ? absl::StrCat("token_id:", id) : bytes_of(id);
     };
     auto chosen = [&](size_t i) -> Json {
       for (const TokenLogprob& t : lps[i]) {
@@ -483,7 +536,9 @@ class ApiServer {
     if (r.chat) {
       auto entry = [&](int32_t id) {
         const std::string b = bytes_of(id);
-        return Json{{"token", SanitizeUtf8(b) == b ? b : std::string()},
+        return Json{{"token", r.tokens_as_ids        ? absl::StrCat("token_id:", id)
+                              : SanitizeUtf8(b) == b ? b
+                                                     : std::string()},
                     {"bytes", std::vector<int>(
                                   reinterpret_cast<const unsigned char*>(b.data()),
                                   reinterpret_cast<const unsigned char*>(b.data()) + b.size())}};
@@ -504,11 +559,28 @@ class ApiServer {
       return {{"content", content}};
     }
     Json toks = Json::array(), lp = Json::array(), top = Json::array();
+    if (prompt != nullptr) {
+      // echo: the prompt's tokens first; the first has no log-probability.
+      const std::vector<int32_t>& ids = r.spec.prompt;
+      for (size_t i = 0; i < ids.size(); ++i) {
+        toks.push_back(name_of(ids[i]));
+        if (i == 0 || i - 1 >= prompt->size()) {
+          lp.push_back(nullptr);
+          top.push_back(nullptr);
+          continue;
+        }
+        const PromptLogprob& e = (*prompt)[i - 1];
+        lp.push_back(e.logprob);
+        Json alt = Json::object();
+        for (const TokenLogprob& t : e.top) alt[name_of(t.token)] = t.logprob;
+        top.push_back(alt);
+      }
+    }
     for (size_t i = 0; i < tokens.size() && i < lps.size(); ++i) {
-      toks.push_back(bytes_of(tokens[i]));
+      toks.push_back(name_of(tokens[i]));
       lp.push_back(chosen(i));
       Json alt = Json::object();
-      for (const TokenLogprob& t : lps[i]) alt[bytes_of(t.token)] = t.logprob;
+      for (const TokenLogprob& t : lps[i]) alt[name_of(t.token)] = t.logprob;
       top.push_back(alt);
     }
     return {{"tokens", toks}, {"token_logprobs", lp}, {"top_logprobs", top}};
@@ -603,12 +675,16 @@ class ApiServer {
     p.text += u.text;
     p.tokens.insert(p.tokens.end(), u.tokens.begin(), u.tokens.end());
     p.logprobs.insert(p.logprobs.end(), u.logprobs.begin(), u.logprobs.end());
+    if (!u.prompt_logprobs.empty()) p.prompt_logprobs = u.prompt_logprobs;
     if (!u.finished) return;
     if (!u.error.ok()) return SendError(*p.ex, FromStatus(u.error));
     Json body = Envelope(r, p.id, false);
-    Json lp = r.spec.sampling.logprobs > 0 ? LogprobsJson(r, p.tokens, p.logprobs) : Json();
+    Json lp = r.spec.sampling.logprobs > 0
+                  ? LogprobsJson(r, p.tokens, p.logprobs, r.echo ? &p.prompt_logprobs : nullptr)
+                  : Json();
+    const std::string text = r.echo ? r.prompt_text + p.text : p.text;
     body["choices"] =
-        Json::array({Choice(r, p.text, lp, FinishName(u.reason).c_str(), false, false)});
+        Json::array({Choice(r, text, lp, FinishName(u.reason).c_str(), false, false)});
     body["usage"] = Usage(u.prompt_tokens, u.completion_tokens);
     p.ex->Reply(200, "application/json", Dump(body));
   }
@@ -625,9 +701,15 @@ class ApiServer {
     const bool with_logprobs = r.spec.sampling.logprobs > 0 && !u.tokens.empty();
     if (!u.text.empty() || p.first || u.finished || with_logprobs) {
       Json chunk = Envelope(r, p.id, true);
-      Json lp = with_logprobs ? LogprobsJson(r, u.tokens, u.logprobs) : Json();
-      chunk["choices"] = Json::array({Choice(
-          r, u.text, lp, u.finished ? FinishName(u.reason).c_str() : nullptr, true, p.first)});
+      // echo: the first chunk starts with the prompt (its log-probabilities
+      // arrive with the first token, which the first chunk carries).
+      const bool echo = r.echo && p.first;
+      Json lp = with_logprobs
+                    ? LogprobsJson(r, u.tokens, u.logprobs, echo ? &u.prompt_logprobs : nullptr)
+                    : Json();
+      chunk["choices"] =
+          Json::array({Choice(r, echo ? r.prompt_text + u.text : u.text, lp,
+                              u.finished ? FinishName(u.reason).c_str() : nullptr, true, p.first)});
       p.first = false;
       send(Dump(chunk));
     }

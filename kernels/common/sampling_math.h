@@ -268,4 +268,25 @@ MLAG_HD void FeedSampledToken(int64_t b, const int32_t* src, const int32_t* stop
   }
 }
 
+// ---- Logit adjustments (kernels/sampling.h's AdjustLogits) --------------------
+// Entry i of row b's adjustments: logits[b, tokens[i]] += deltas[i], a token
+// outside [0, V) skipped. Rows list each token at most once, so the entries
+// of a row touch distinct logits and may run in any order.
+MLAG_HD void AdjustLogit(float* row, int64_t V, const int32_t* tokens, const float* deltas,
+                         int64_t i) {
+  const int32_t token = tokens[i];
+  if (token >= 0 && token < V) row[token] += deltas[i];
+}
+
+// Row b's entries [begin, end): offsets clamped to [0, A] and ordered, so a
+// bad offset skips entries and never reads outside them.
+MLAG_HD void AdjustmentRange(const int32_t* offsets, int64_t b, int64_t A, int64_t* begin,
+                             int64_t* end) {
+  int64_t lo = offsets[b], hi = offsets[b + 1];
+  lo = lo < 0 ? 0 : (lo > A ? A : lo);
+  hi = hi < lo ? lo : (hi > A ? A : hi);
+  *begin = lo;
+  *end = hi;
+}
+
 }  // namespace mlag

@@ -377,7 +377,37 @@ __global__ void FeedSampledTokensKernel(const int32_t* src, const int32_t* stop_
                    slot_mapping, T);
 }
 
+// One block per row; its threads stride over the row's entries, which touch
+// distinct logits (kernels/sampling.h), so no two threads write one logit.
+__global__ void AdjustLogitsKernel(float* logits, int64_t V, int64_t logits_row_stride,
+                                   const int32_t* offsets, const int32_t* tokens,
+                                   const float* deltas, int64_t A) {
+  MLAG_GRID_DEPENDENCY_SYNC();  // launched with PDL (cuda_api.cuh)
+  const int64_t b = blockIdx.x;
+  int64_t begin = 0, end = 0;
+  AdjustmentRange(offsets, b, A, &begin, &end);
+  float* row = logits + b * logits_row_stride;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    AdjustLogit(row, V, tokens, deltas, i);
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchAdjustLogits(float* logits, int64_t B, int64_t V, int64_t logits_row_stride,
+                               const int32_t* offsets, const int32_t* tokens, const float* deltas,
+                               int64_t A, cudaStream_t stream) {
+  if (B == 0) return cudaSuccess;
+  if (B < 0 || B > 0x7fffffff || V < 1 || V > 0x7fffffff || A < 0) return cudaErrorInvalidValue;
+  // A row has at most a few thousand entries and most rows none: one small
+  // CTA per row, latency only (a node of about 2 us before "sample"); the
+  // scattered 4-byte read-modify-writes of a row's entries hit one logits
+  // row, which "sample" reads next from L2.
+  constexpr unsigned int kAdjustThreads = 128;
+  MLAG_LAUNCH_PDL(AdjustLogitsKernel, static_cast<unsigned int>(B), kAdjustThreads, 0, stream)
+  (logits, V, logits_row_stride, offsets, tokens, deltas, A);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchFeedSampledTokens(const int32_t* src, const int32_t* stop_ids, int stops_per_seq,
                                     const int32_t* query_start_loc, int64_t B,

@@ -39,6 +39,13 @@ cudaError_t LaunchTopLogprobs(const float* logits, int64_t B, int64_t V, int64_t
                               int64_t tokens_row_stride, float* out_logprobs,
                               int64_t logprobs_row_stride, cudaStream_t stream);
 
+// kernels/sampling.h's AdjustLogits: logits f32 [B, V], row r at logits +
+// r * logits_row_stride; offsets i32 [B + 1], tokens i32 [A], deltas f32
+// [A], device memory. One block per row; capturable into a CUDA graph.
+cudaError_t LaunchAdjustLogits(float* logits, int64_t B, int64_t V, int64_t logits_row_stride,
+                               const int32_t* offsets, const int32_t* tokens, const float* deltas,
+                               int64_t A, cudaStream_t stream);
+
 // kernels/sampling.h's FeedSampledTokens: src i32 [B], stop_ids i32
 // [B, stops_per_seq], query_start_loc i32 [B + 1], prev_tokens i32 [P],
 // input_ids i32 [T], slot_mapping i64 [T], device memory. One thread per

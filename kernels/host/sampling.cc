@@ -98,14 +98,27 @@ void Sample(const Tensor& logits, const Tensor& temperature, const Tensor& top_k
   });
 }
 
-int TopLogprobs(const float* logits, int vocab, int k, int32_t* tokens, float* logprobs) {
-  k = std::max(0, std::min(k, vocab));
-  if (k == 0) return 0;
+namespace {
+
+// log sum exp(logits) in double, shifted by the largest logit.
+double LogSumExp(const float* logits, int vocab) {
   double max_logit = -INFINITY;
   for (int v = 0; v < vocab; ++v) max_logit = std::max(max_logit, double{logits[v]});
   double sum = 0.0;
   for (int v = 0; v < vocab; ++v) sum += std::exp(double{logits[v]} - max_logit);
-  const double log_sum_exp = max_logit + std::log(sum);
+  return max_logit + std::log(sum);
+}
+
+}  // namespace
+
+float TokenLogprob(const float* logits, int vocab, int32_t token) {
+  return static_cast<float>(logits[token] - LogSumExp(logits, vocab));
+}
+
+int TopLogprobs(const float* logits, int vocab, int k, int32_t* tokens, float* logprobs) {
+  k = std::max(0, std::min(k, vocab));
+  if (k == 0) return 0;
+  const double log_sum_exp = LogSumExp(logits, vocab);
   std::vector<int32_t> ids(static_cast<size_t>(vocab));
   for (int v = 0; v < vocab; ++v) ids[v] = v;
   std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
@@ -132,6 +145,19 @@ void TopLogprobsRows(const Tensor& logits, const Tensor& k, const Tensor& out_to
     std::fill(tokens + n, tokens + cols, -1);
     std::fill(logprobs + n, logprobs + cols, -INFINITY);
   });
+}
+
+void AdjustLogits(const Tensor& logits, const Tensor& offsets, const Tensor& tokens,
+                  const Tensor& deltas) {
+  const int64_t B = logits.size(0), V = logits.size(1), A = tokens.size(0);
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t begin = 0, end = 0;
+    AdjustmentRange(offsets.data_as<const int32_t>(), b, A, &begin, &end);
+    float* row = logits.data_as<float>() + b * logits.stride(0);
+    for (int64_t i = begin; i < end; ++i) {
+      AdjustLogit(row, V, tokens.data_as<const int32_t>(), deltas.data_as<const float>(), i);
+    }
+  }
 }
 
 void FeedSampledTokens(const Tensor& src, const Tensor& stop_ids, const Tensor& query_start_loc,

@@ -25,6 +25,14 @@ int TopLogprobs(const float* logits, int vocab, int k, int32_t* tokens, float* l
 void TopLogprobsRows(const Tensor& logits, const Tensor& k, const Tensor& out_tokens,
                      const Tensor& out_logprobs);
 
+// kernels/sampling.h's AdjustLogits.
+void AdjustLogits(const Tensor& logits, const Tensor& offsets, const Tensor& tokens,
+                  const Tensor& deltas);
+
+// log softmax(logits)[token] of one row, as TopLogprobs computes it: in
+// double, max-shifted log-sum-exp, rounded once to f32.
+float TokenLogprob(const float* logits, int vocab, int32_t token);
+
 // kernels/sampling.h's FeedSampledTokens.
 void FeedSampledTokens(const Tensor& src, const Tensor& stop_ids, const Tensor& query_start_loc,
                        const Tensor& prev_tokens, const Tensor& input_ids,

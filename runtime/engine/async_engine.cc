@@ -23,6 +23,7 @@ struct AsyncEngine::Live {
   int prompt_tokens = 0;
   int completion_tokens = 0;
   bool stopped = false;  // a stop string ended it
+  bool prompt_logprobs_sent = false;
 };
 
 bool RequestStream::Wait(Update* out, absl::Duration timeout) {
@@ -249,6 +250,10 @@ void AsyncEngine::Deliver(Rank& rank, RequestId id, Live& live) {
     std::lock_guard<std::mutex> lock(s.mu_);
     if (show > live.emitted) s.pending_.text.append(live.text, live.emitted, show - live.emitted);
     s.pending_.tokens.push_back(token);
+    if (r->spec.sampling.prompt_logprobs >= 0 && !live.prompt_logprobs_sent) {
+      s.pending_.prompt_logprobs = r->prompt_logprobs;  // complete: the prompt is computed
+      live.prompt_logprobs_sent = true;
+    }
     if (r->spec.sampling.logprobs > 0 && !r->logprobs.empty()) {
       s.pending_.logprobs.push_back(r->logprobs.back());
     }

@@ -42,6 +42,9 @@ class RequestStream {
     std::string text;                                 // whole UTF-8 characters, stop strings cut
     std::vector<int32_t> tokens;                      // the tokens generated since
     std::vector<std::vector<TokenLogprob>> logprobs;  // per token, when asked for
+    // Once, with the first token, when prompt_logprobs were asked for: prompt
+    // tokens 1.. (Request::prompt_logprobs).
+    std::vector<PromptLogprob> prompt_logprobs;
     bool finished = false;
     FinishReason reason = FinishReason::kNone;  // when finished
     absl::Status error;                         // a failed step ends every request

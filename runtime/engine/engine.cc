@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -224,6 +226,47 @@ absl::Status Engine::ValidateRequest(const RequestSpec& spec) const {
     return absl::InvalidArgumentError(
         absl::StrCat("temperature is ", sp.temperature, "; it must be a finite number"));
   }
+  if (static_cast<int64_t>(sp.logit_bias.size()) > kMaxLogitBias) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logit_bias has ", sp.logit_bias.size(), " entries; at most ", kMaxLogitBias));
+  }
+  std::set<int32_t> biased;
+  for (const LogitAdjustment& b : sp.logit_bias) {
+    if (b.token < 0 || b.token >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "logit_bias token ", b.token, " is outside the vocabulary [0, ", vocab, ")"));
+    }
+    if (!(b.delta >= -100.0f && b.delta <= 100.0f)) {
+      return absl::InvalidArgumentError(absl::StrCat("logit_bias of token ", b.token, " is ",
+                                                     b.delta, "; it must be in [-100, 100]"));
+    }
+    if (!biased.insert(b.token).second) {
+      return absl::InvalidArgumentError(absl::StrCat("logit_bias names token ", b.token, " twice"));
+    }
+  }
+  for (const auto& [name, value] :
+       {std::pair<const char*, float>{"presence_penalty", sp.presence_penalty},
+        {"frequency_penalty", sp.frequency_penalty}}) {
+    if (!(value >= -2.0f && value <= 2.0f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " is ", value, "; it must be in [-2, 2]"));
+    }
+  }
+  // A step's adjustments of one sequence: its bias plus, with penalties, one
+  // per distinct token generated.
+  const int64_t adjustments =
+      static_cast<int64_t>(sp.logit_bias.size()) + (sp.has_penalties() ? spec.max_tokens : 0);
+  if (adjustments > kMaxLogitAdjustmentsPerSeq) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("with presence or frequency penalties, max_tokens (", spec.max_tokens,
+                     ") + logit_bias entries (", sp.logit_bias.size(), ") must be at most ",
+                     kMaxLogitAdjustmentsPerSeq));
+  }
+  if (sp.prompt_logprobs < -1 || sp.prompt_logprobs > vocab) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt_logprobs is ", sp.prompt_logprobs,
+                                                   "; it must be -1 (none) or in [0, ", vocab,
+                                                   "]"));
+  }
   return absl::OkStatus();
 }
 
@@ -264,6 +307,7 @@ absl::StatusOr<StepOutput> Engine::Step() {
   }
   static const int32_t kPlaceholder = 0;
   std::vector<StepSequence> seqs(sched.scheduled.size());
+  std::vector<std::vector<LogitAdjustment>> adjustments(sched.scheduled.size());
   for (size_t i = 0; i < sched.scheduled.size(); ++i) {
     const ScheduledRequest& s = sched.scheduled[i];
     const Request& r = *s.request;
@@ -286,6 +330,25 @@ absl::StatusOr<StepOutput> Engine::Step() {
     q.sample = s.samples;
     q.sampling = r.spec.sampling;
     q.output_index = r.num_output_tokens() + r.num_pending_tokens;
+    const SamplingParams& sp = r.spec.sampling;
+    if (q.sample && (!sp.logit_bias.empty() || sp.has_penalties())) {
+      // Penalized steps are collected before the next launch (the runner
+      // says so), so every token the request generated is known here.
+      if (sp.has_penalties() && r.num_pending_tokens > 0) {
+        return absl::InternalError(
+            absl::StrCat("request ", r.id, " has penalties and a token not yet collected"));
+      }
+      adjustments[i] =
+          LogitAdjustments(sp, absl::MakeConstSpan(r.tokens).subspan(r.num_prompt_tokens));
+      q.logit_adjustments = adjustments[i];
+    }
+    if (sp.prompt_logprobs >= 0 && !s.fed) {
+      // Row j of this chunk predicts token start + j + 1, for those in the
+      // prompt.
+      const int start = r.num_computed_tokens;
+      const int m = std::max(0, std::min(s.num_new_tokens, r.num_prompt_tokens - 1 - start));
+      q.prompt_logprob_targets = absl::MakeConstSpan(r.tokens).subspan(start + 1, m);
+    }
   }
   StepPlan plan = sched.empty() ? StepPlan{0, true} : runner_->Plan(seqs);
   Communicator* group = options_.ep_group;
@@ -312,8 +375,9 @@ absl::StatusOr<StepOutput> Engine::Step() {
     for (const StepSequence& q : seqs) fed_tokens_ += q.feed_from >= 0;
     launched = true;
     last_launched_ = ticket.id;
-    InFlightStep step{ticket, std::move(sched), {}};
+    InFlightStep step{ticket, std::move(sched), {}, {}};
     for (const ScheduledRequest& s : step.sched.scheduled) step.ids.push_back(s.request->id);
+    for (const StepSequence& q : seqs) step.prompt_from.push_back(q.start_position + 1);
     in_flight_.push_back(std::move(step));
   }
   // Without the overlap every step is collected at once; with it, the one
@@ -341,7 +405,7 @@ absl::Status Engine::CollectOldest(StepOutput* out) {
   out->num_tokens = step.sched.num_tokens;
   out->replayed = result.replayed;
   out->padded_size = result.padded_size;
-  const bool logits_valid = step.ticket.id == last_launched_;
+  const bool logits_valid = step.ticket.id == last_launched_ && !result.logits_replaced;
   for (size_t i = 0; i < step.sched.scheduled.size(); ++i) {
     const ScheduledRequest& s = step.sched.scheduled[i];
     if (!s.samples || s.request == nullptr || s.request->finished()) continue;
@@ -349,6 +413,18 @@ absl::Status Engine::CollectOldest(StepOutput* out) {
     if (logits_valid) out->logits_rows.push_back(static_cast<int>(i));
     if (s.request->spec.sampling.logprobs > 0) {
       s.request->logprobs.push_back(std::move(result.logprobs[i]));
+    }
+  }
+  // Prompt log-probabilities, in prompt order: a chunk computed again (after
+  // a preemption) adds only what is missing. Entry j - 1 is token j's.
+  for (size_t i = 0; i < step.sched.scheduled.size(); ++i) {
+    Request* r = step.sched.scheduled[i].request;
+    if (r == nullptr || result.prompt_logprobs[i].empty()) continue;
+    const int first = step.prompt_from[i];  // the token of entry 0
+    for (size_t j = 0; j < result.prompt_logprobs[i].size(); ++j) {
+      if (static_cast<size_t>(first) + j == r->prompt_logprobs.size() + 1) {
+        r->prompt_logprobs.push_back(std::move(result.prompt_logprobs[i][j]));
+      }
     }
   }
   for (Request* r : scheduler_->Sampled(step.sched, result.tokens)) {

@@ -283,7 +283,8 @@ class Engine {
   struct InFlightStep {
     StepTicket ticket;
     SchedulerOutput sched;
-    std::vector<RequestId> ids;  // of sched.scheduled (a request may be released meanwhile)
+    std::vector<RequestId> ids;    // of sched.scheduled (a request may be released meanwhile)
+    std::vector<int> prompt_from;  // per sequence: the prompt token its first target is
   };
   bool overlap_ = false;
   std::vector<InFlightStep> in_flight_;

@@ -54,8 +54,10 @@ float BitsFloat(int64_t v) {
 
 // Requests travel between ranks as flat int64 records:
 //   id, prompt_len, num_tokens, max_tokens, finish, state, n_stop, stops...,
-//   temperature, top_k, top_p, seed, logprobs, tokens..., n_lp, per entry:
-//   k, (token, logprob) * k
+//   temperature, top_k, top_p, seed, logprobs, presence, frequency,
+//   prompt_logprobs, n_bias, (token, bias) * n_bias, tokens..., n_lp, per
+//   entry: k, (token, logprob) * k, n_plp, per entry: logprob, k,
+//   (token, logprob) * k
 void Serialize(const Request& r, std::vector<int64_t>* out) {
   out->push_back(r.id);
   out->push_back(r.num_prompt_tokens);
@@ -70,11 +72,28 @@ void Serialize(const Request& r, std::vector<int64_t>* out) {
   out->push_back(FloatBits(r.spec.sampling.top_p));
   out->push_back(static_cast<int64_t>(r.spec.sampling.seed));
   out->push_back(r.spec.sampling.logprobs);
+  out->push_back(FloatBits(r.spec.sampling.presence_penalty));
+  out->push_back(FloatBits(r.spec.sampling.frequency_penalty));
+  out->push_back(r.spec.sampling.prompt_logprobs);
+  out->push_back(static_cast<int64_t>(r.spec.sampling.logit_bias.size()));
+  for (const LogitAdjustment& b : r.spec.sampling.logit_bias) {
+    out->push_back(b.token);
+    out->push_back(FloatBits(b.delta));
+  }
   for (int32_t t : r.tokens) out->push_back(t);
   out->push_back(static_cast<int64_t>(r.logprobs.size()));
   for (const auto& entry : r.logprobs) {
     out->push_back(static_cast<int64_t>(entry.size()));
     for (const TokenLogprob& lp : entry) {
+      out->push_back(lp.token);
+      out->push_back(FloatBits(lp.logprob));
+    }
+  }
+  out->push_back(static_cast<int64_t>(r.prompt_logprobs.size()));
+  for (const PromptLogprob& entry : r.prompt_logprobs) {
+    out->push_back(FloatBits(entry.logprob));
+    out->push_back(static_cast<int64_t>(entry.top.size()));
+    for (const TokenLogprob& lp : entry.top) {
       out->push_back(lp.token);
       out->push_back(FloatBits(lp.logprob));
     }
@@ -115,6 +134,24 @@ absl::StatusOr<std::vector<std::unique_ptr<Request>>> Deserialize(const std::vec
     MLAG_ASSIGN_OR_RETURN(int64_t top_p, next());
     MLAG_ASSIGN_OR_RETURN(int64_t seed, next());
     MLAG_ASSIGN_OR_RETURN(int64_t logprobs, next());
+    MLAG_ASSIGN_OR_RETURN(int64_t presence, next());
+    MLAG_ASSIGN_OR_RETURN(int64_t frequency, next());
+    MLAG_ASSIGN_OR_RETURN(int64_t prompt_logprobs, next());
+    MLAG_ASSIGN_OR_RETURN(int64_t n_bias, next());
+    if (n_bias < 0 || 2 * n_bias > static_cast<int64_t>(in.size() - i)) {
+      return absl::DataLossError("malformed request record");
+    }
+    for (int64_t k = 0; k < n_bias; ++k) {
+      MLAG_ASSIGN_OR_RETURN(int64_t tok, next());
+      MLAG_ASSIGN_OR_RETURN(int64_t bias, next());
+      r->spec.sampling.logit_bias.push_back({static_cast<int32_t>(tok), BitsFloat(bias)});
+    }
+    if (num_tokens > static_cast<int64_t>(in.size() - i)) {
+      return absl::DataLossError("malformed request record");
+    }
+    r->spec.sampling.presence_penalty = BitsFloat(presence);
+    r->spec.sampling.frequency_penalty = BitsFloat(frequency);
+    r->spec.sampling.prompt_logprobs = static_cast<int>(prompt_logprobs);
     r->spec.sampling.temperature = BitsFloat(temp);
     r->spec.sampling.top_k = static_cast<int>(top_k);
     r->spec.sampling.top_p = BitsFloat(top_p);
@@ -141,6 +178,25 @@ absl::StatusOr<std::vector<std::unique_ptr<Request>>> Deserialize(const std::vec
         entry.push_back({static_cast<int32_t>(tok), BitsFloat(lp)});
       }
       r->logprobs.push_back(std::move(entry));
+    }
+    MLAG_ASSIGN_OR_RETURN(int64_t n_plp, next());
+    if (n_plp < 0 || 2 * n_plp > static_cast<int64_t>(in.size() - i)) {
+      return absl::DataLossError("malformed request record");
+    }
+    for (int64_t e = 0; e < n_plp; ++e) {
+      PromptLogprob entry;
+      MLAG_ASSIGN_OR_RETURN(int64_t lp, next());
+      MLAG_ASSIGN_OR_RETURN(int64_t k, next());
+      if (k < 0 || 2 * k > static_cast<int64_t>(in.size() - i)) {
+        return absl::DataLossError("malformed request record");
+      }
+      entry.logprob = BitsFloat(lp);
+      for (int64_t j = 0; j < k; ++j) {
+        MLAG_ASSIGN_OR_RETURN(int64_t tok, next());
+        MLAG_ASSIGN_OR_RETURN(int64_t tlp, next());
+        entry.top.push_back({static_cast<int32_t>(tok), BitsFloat(tlp)});
+      }
+      r->prompt_logprobs.push_back(std::move(entry));
     }
     out.push_back(std::move(r));
   }

@@ -65,21 +65,14 @@ absl::StatusOr<RunnerShape> RunnerShape::Of(const RunnerConfig& c) {
 std::vector<std::pair<DType, std::vector<int64_t>>> RunnerShape::InputFields() const {
   const int64_t R = max_rows, S = max_seq_rows;
   // The order of ModelRunner::Init's fields.
-  return {{DType::kI32, {R}},
-          {DType::kI32, {R}},
-          {DType::kI64, {R}},
-          {DType::kI32, {S}},
-          {DType::kI32, {S + 1}},
-          {DType::kI32, {S}},
-          {DType::kF32, {S}},
-          {DType::kI32, {S}},
-          {DType::kF32, {S}},
-          {DType::kI64, {S}},
-          {DType::kI64, {S}},
-          {DType::kI32, {S}},
-          {DType::kI32, {S}},
-          {DType::kI32, {S, kMaxFeedStopIds}},
-          {DType::kI32, {S, max_blocks_per_seq}}};
+  return {{DType::kI32, {R}},     {DType::kI32, {R}},
+          {DType::kI64, {R}},     {DType::kI32, {S}},
+          {DType::kI32, {S + 1}}, {DType::kI32, {S}},
+          {DType::kF32, {S}},     {DType::kI32, {S}},
+          {DType::kF32, {S}},     {DType::kI64, {S}},
+          {DType::kI64, {S}},     {DType::kI32, {S}},
+          {DType::kI32, {S}},     {DType::kI32, {S, kMaxFeedStopIds}},
+          {DType::kI32, {S + 1}}, {DType::kI32, {S, max_blocks_per_seq}}};
 }
 
 size_t RunnerShape::InputBytes() const {
@@ -91,19 +84,24 @@ size_t RunnerShape::InputBytes() const {
 }
 
 size_t RunnerShape::DeviceBufferBytes(const RunnerConfig& c, bool cuda) const {
-  // The inputs, the sampled tokens, and (CUDA) the top log-probabilities.
-  return InputBytes() + static_cast<size_t>(max_seq_rows) * sizeof(int32_t) +
+  // The inputs, the sampled tokens, the logit adjustments and (CUDA) the
+  // top log-probabilities.
+  return InputBytes() + static_cast<size_t>(max_seq_rows) * sizeof(int32_t) + AdjustmentBytes(c) +
          (cuda ? TopLogprobBytes(c) : 0);
 }
 
 size_t RunnerShape::StagingBytes(const RunnerConfig& c, bool cuda) const {
-  // Two slots, each a copy of the inputs, its sampled tokens and (CUDA) its
-  // top log-probabilities.
+  // Two slots, each a copy of the inputs, its sampled tokens, its logit
+  // adjustments and (CUDA) its top log-probabilities.
   return 2 * DeviceBufferBytes(c, cuda);
 }
 
 size_t RunnerShape::TopLogprobBytes(const RunnerConfig& c) {
   return size_t{2} * c.max_num_seqs * kMaxTopLogprobs * sizeof(int32_t);
+}
+
+size_t RunnerShape::AdjustmentBytes(const RunnerConfig& c) {
+  return size_t{2} * c.max_num_seqs * kMaxLogitAdjustmentsPerSeq * sizeof(int32_t);
 }
 
 absl::Status ModelRunner::Init(ModelSource& source) {
@@ -177,11 +175,12 @@ absl::Status ModelRunner::Init(ModelSource& source) {
       {&logprobs_k_, &StagedInputs::logprobs_k},
       {&feed_src_, &StagedInputs::feed_src},
       {&stop_ids_, &StagedInputs::stop_ids},
+      {&adjust_offsets_, &StagedInputs::adjust_offsets},
       // Last, and by far the largest: a step uploads only its own rows.
       {&block_table_, &StagedInputs::block_table},
   };
   const auto layout = shape.InputFields();
-  static_assert(std::size(fields) == 15, "one field per RunnerShape::InputFields entry");
+  static_assert(std::size(fields) == 16, "one field per RunnerShape::InputFields entry");
   std::vector<size_t> offsets;
   size_t bytes = 0;
   for (size_t i = 0; i < std::size(fields); ++i) {
@@ -199,6 +198,7 @@ absl::Status ModelRunner::Init(ModelSource& source) {
   }
   // Two staging slots (model_runner.h), each with its pinned results.
   const size_t top_bytes = RunnerShape::TopLogprobBytes(c);
+  const size_t adjust_bytes = RunnerShape::AdjustmentBytes(c);
   for (Slot& slot : slots_) {
     MLAG_ASSIGN_OR_RETURN(slot.staging, device_->AllocatePinned(bytes));
     std::memset(slot.staging.data(), 0, bytes);
@@ -213,6 +213,7 @@ absl::Status ModelRunner::Init(ModelSource& source) {
     std::fill_n(slot.staged.feed_src.data_as<int32_t>(), slot.staged.feed_src.numel(), -1);
     std::fill_n(slot.staged.stop_ids.data_as<int32_t>(), slot.staged.stop_ids.numel(), -1);
     MLAG_ASSIGN_OR_RETURN(slot.sampled_host, device_->AllocatePinned(S * sizeof(int32_t)));
+    MLAG_ASSIGN_OR_RETURN(slot.adjustments_host, device_->AllocatePinned(adjust_bytes));
     if (stream_->is_cuda()) {
       MLAG_ASSIGN_OR_RETURN(slot.top_logprobs_host, device_->AllocatePinned(top_bytes));
     }
@@ -227,16 +228,25 @@ absl::Status ModelRunner::Init(ModelSource& source) {
   if (stream_->is_cuda()) {
     MLAG_ASSIGN_OR_RETURN(top_logprobs_, device_->Allocate(top_bytes));
   }
+  // The logit adjustments: only entries [0, A) of a step are uploaded, and
+  // adjust_offsets_ (zeros until then) names no others.
+  const int64_t A = int64_t{c.max_num_seqs} * kMaxLogitAdjustmentsPerSeq;
+  MLAG_ASSIGN_OR_RETURN(adjustments_, device_->Allocate(adjust_bytes));
+  adjust_tokens_ = Tensor(adjustments_.data(), DType::kI32, {A}, device_->kind());
+  adjust_deltas_ =
+      Tensor(static_cast<int32_t*>(adjustments_.data()) + A, DType::kF32, {A}, device_->kind());
   return stream_->Synchronize();
 }
 
 std::vector<std::pair<std::string, size_t>> ModelRunner::AllocatedBytes() const {
   size_t kv = 0;
   for (const Tensor& cache : kv_caches_) kv += cache.nbytes();
-  size_t statics = inputs_.bytes() + sampled_.nbytes() + top_logprobs_.bytes();
+  size_t statics =
+      inputs_.bytes() + sampled_.nbytes() + top_logprobs_.bytes() + adjustments_.bytes();
   if (!stream_->is_cuda()) {
     for (const Slot& slot : slots_) {
-      statics += slot.staging.bytes() + slot.sampled_host.bytes() + slot.top_logprobs_host.bytes();
+      statics += slot.staging.bytes() + slot.sampled_host.bytes() + slot.top_logprobs_host.bytes() +
+                 slot.adjustments_host.bytes();
     }
   }
   return {{"weights", model_->weight_bytes()},
@@ -290,6 +300,12 @@ absl::Status ModelRunner::RunOps(const AttentionMetadata& meta) {
                                            meta.slot_mapping));
   }
   MLAG_RETURN_IF_ERROR(model_->Forward(*stream_, meta));
+  {
+    // logit_bias and the penalties (every offset is 0 in a step without).
+    NodeScope s(*stream_, "adjust_logits", OpKind::kKernel);
+    MLAG_RETURN_IF_ERROR(AdjustLogits(*stream_, model_->logits(B), Rows(adjust_offsets_, B + 1),
+                                      adjust_tokens_, adjust_deltas_));
+  }
   NodeScope s(*stream_, "sample", OpKind::kKernel);
   return Sample(*stream_, model_->logits(B), Rows(temperature_, B), Rows(top_k_, B),
                 Rows(top_p_, B), Rows(seeds_, B), Rows(steps_, B), Rows(sampled_, B));
@@ -332,9 +348,10 @@ absl::StatusOr<ModelRunner::Staging> ModelRunner::BeginStaging(int rows, int seq
   st.logprobs_k = in.logprobs_k.data_as<int32_t>();
   st.feed_src = in.feed_src.data_as<int32_t>();
   st.stop_ids = in.stop_ids.data_as<int32_t>();
+  st.adjust_offsets = in.adjust_offsets.data_as<int32_t>();
   // Dummy values in the rows this step uses: token 0, position 0, slot -1,
   // null blocks, seq_len 0, greedy sampling, no log-probabilities, nothing
-  // fed from the previous step.
+  // fed from the previous step, no logit adjustments.
   std::fill_n(st.ids, rows, 0);
   std::fill_n(st.positions, rows, 0);
   std::fill_n(st.slots, rows, int64_t{-1});
@@ -350,6 +367,7 @@ absl::StatusOr<ModelRunner::Staging> ModelRunner::BeginStaging(int rows, int seq
   std::fill_n(st.logprobs_k, seqs, 0);
   std::fill_n(st.feed_src, seqs, -1);
   std::fill_n(st.stop_ids, static_cast<size_t>(seqs) * kMaxFeedStopIds, -1);
+  std::fill_n(st.adjust_offsets, seqs + 1, 0);
   return st;
 }
 
@@ -533,6 +551,31 @@ absl::StatusOr<StepTicket> ModelRunner::Launch(absl::Span<const StepSequence> se
           absl::StrCat("sequence ", b, ": ", end, " tokens do not fit its ", s.block_table.size(),
                        " blocks or max_model_len ", config_.max_model_len));
     }
+    const int V = model_->config().vocab_size;
+    const absl::Span<const LogitAdjustment> adj = s.logit_adjustments;
+    if (static_cast<int64_t>(adj.size()) > kMaxLogitAdjustmentsPerSeq) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", b, ": ", adj.size(),
+                                                     " logit adjustments, at most ",
+                                                     kMaxLogitAdjustmentsPerSeq));
+    }
+    for (size_t i = 0; i < adj.size(); ++i) {
+      if (adj[i].token < 0 || adj[i].token >= V || (i > 0 && adj[i].token <= adj[i - 1].token)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", b, ": logit adjustment ", i, " (token ", adj[i].token,
+                         ") is outside [0, ", V, ") or not after the one before"));
+      }
+    }
+    if (s.prompt_logprob_targets.size() > s.new_tokens.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", b, ": ", s.prompt_logprob_targets.size(),
+                       " prompt log-probability targets for ", n, " tokens"));
+    }
+    for (int32_t target : s.prompt_logprob_targets) {
+      if (target < 0 || target >= V) {
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", b, ": prompt token ", target,
+                                                       " is outside the vocabulary [0, ", V, ")"));
+      }
+    }
     if (s.feed_from < 0) continue;
     if (s.feed_from >= feedable_seqs_ || n != 1 ||
         static_cast<int>(s.stop_token_ids.size()) > kMaxFeedStopIds) {
@@ -563,10 +606,30 @@ absl::StatusOr<StepTicket> ModelRunner::Launch(absl::Span<const StepSequence> se
   const int V = model_->config().vocab_size;
   int K = 0;
   int t = 0;
+  int32_t A = 0;  // logit adjustments staged
+  int32_t* adjust_tokens = static_cast<int32_t*>(slot.adjustments_host.data());
+  float* adjust_deltas = reinterpret_cast<float*>(adjust_tokens + adjust_tokens_.numel());
+  step.prompt_k.assign(B, 0);
   for (int b = 0; b < B; ++b) {
     const StepSequence& s = seqs[b];
     const int n = static_cast<int>(s.new_tokens.size());
     const int end = s.start_position + n;
+    for (size_t i = 0; i < s.prompt_logprob_targets.size(); ++i) {
+      step.prompt_rows.push_back(t + static_cast<int32_t>(i));
+      step.prompt_targets.push_back(s.prompt_logprob_targets[i]);
+      step.prompt_seq.push_back(b);
+    }
+    step.prompt_k[b] = std::max(0, std::min(s.sampling.prompt_logprobs, V));
+    st.adjust_offsets[b] = A;
+    if (s.sample) {
+      for (const LogitAdjustment& a : s.logit_adjustments) {
+        adjust_tokens[A] = a.token;
+        adjust_deltas[A] = a.delta;
+        ++A;
+      }
+      step.penalties |= s.sampling.has_penalties();
+    }
+    st.adjust_offsets[b + 1] = A;
     for (int i = 0; i < n; ++i, ++t) {
       const int pos = s.start_position + i;
       st.ids[t] = s.new_tokens[i];
@@ -600,8 +663,16 @@ absl::StatusOr<StepTicket> ModelRunner::Launch(absl::Span<const StepSequence> se
   for (int b = B; b < seq_rows; ++b) {
     st.qsl[b + 1] = st.qsl[b] + 1;
     st.logits_idx[b] = st.qsl[b];
+    st.adjust_offsets[b + 1] = A;
   }
   MLAG_RETURN_IF_ERROR(UploadStaging(seq_rows));
+  if (A > 0) {
+    // Only the entries the offsets name.
+    MLAG_RETURN_IF_ERROR(
+        stream_->CopyFromHost(adjust_tokens_.data(), adjust_tokens, A * sizeof(int32_t)));
+    MLAG_RETURN_IF_ERROR(
+        stream_->CopyFromHost(adjust_deltas_.data(), adjust_deltas, A * sizeof(float)));
+  }
 
   last_rows_ = seq_rows;
   if (replay) {
@@ -631,9 +702,48 @@ absl::StatusOr<StepTicket> ModelRunner::Launch(absl::Span<const StepSequence> se
   return StepTicket{step.id};
 }
 
+absl::Status ModelRunner::PromptLogprobs(const InFlight& step, StepResult* result) {
+  result->prompt_logprobs.resize(step.seqs);
+  if (step.prompt_rows.empty()) return absl::OkStatus();
+  // The LM head over the step's hidden states at the asked rows, in groups
+  // that fit the logits buffer (the step's own logits are read by now).
+  // Rare (echo): the logits travel to the host and are ranked there.
+  const int V = model_->config().vocab_size;
+  const int64_t total = static_cast<int64_t>(step.prompt_rows.size());
+  std::vector<float> logits;
+  std::vector<int32_t> top_tokens;
+  std::vector<float> top_logprobs;
+  for (int64_t g = 0; g < total; g += max_seq_rows_) {
+    const int n = static_cast<int>(std::min<int64_t>(max_seq_rows_, total - g));
+    MLAG_RETURN_IF_ERROR(
+        stream_->CopyFromHost(logits_indices_.data(), &step.prompt_rows[g], n * sizeof(int32_t)));
+    MLAG_RETURN_IF_ERROR(model_->LogitsOfRows(*stream_, Rows(logits_indices_, n)));
+    logits.resize(static_cast<size_t>(n) * V);
+    MLAG_RETURN_IF_ERROR(stream_->CopyToHost(logits.data(), model_->logits(n).data(),
+                                             logits.size() * sizeof(float)));
+    MLAG_RETURN_IF_ERROR(stream_->Synchronize());
+    for (int i = 0; i < n; ++i) {
+      const float* row = logits.data() + static_cast<int64_t>(i) * V;
+      const int b = step.prompt_seq[g + i];
+      PromptLogprob entry;
+      entry.logprob = host::TokenLogprob(row, V, step.prompt_targets[g + i]);
+      const int k = step.prompt_k[b];
+      top_tokens.resize(k);
+      top_logprobs.resize(k);
+      const int m = host::TopLogprobs(row, V, k, top_tokens.data(), top_logprobs.data());
+      for (int j = 0; j < m; ++j) entry.top.push_back({top_tokens[j], top_logprobs[j]});
+      result->prompt_logprobs[b].push_back(std::move(entry));
+    }
+  }
+  result->logits_replaced = true;
+  return absl::OkStatus();
+}
+
 bool ModelRunner::NeedsCollectBeforeNextLaunch(StepTicket ticket) const {
   for (const Slot& slot : slots_) {
-    if (slot.step.id == ticket.id) return slot.step.host_logprobs;
+    if (slot.step.id == ticket.id) {
+      return slot.step.host_logprobs || slot.step.penalties || !slot.step.prompt_rows.empty();
+    }
   }
   return false;
 }
@@ -653,10 +763,10 @@ absl::StatusOr<StepResult> ModelRunner::Collect(StepTicket ticket) {
   }
   Slot& slot = *found;
   const InFlight& step = slot.step;
-  if (step.host_logprobs && last_launched_ != step.id) {
+  if ((step.host_logprobs || !step.prompt_rows.empty()) && last_launched_ != step.id) {
     return absl::FailedPreconditionError(
-        "a step whose log-probabilities come from its logits was collected after a later "
-        "launch replaced them");
+        "a step whose log-probabilities come from its logits or hidden states was collected "
+        "after a later launch replaced them");
   }
   MLAG_RETURN_IF_ERROR(slot.done->Wait());
   const int B = step.seqs, K = step.top_k_cols;
@@ -694,6 +804,7 @@ absl::StatusOr<StepResult> ModelRunner::Collect(StepTicket ticket) {
     const int n = host::TopLogprobs(row.data(), V, k, top_tokens.data(), top_logprobs.data());
     for (int i = 0; i < n; ++i) result.logprobs[b].push_back({top_tokens[i], top_logprobs[i]});
   }
+  MLAG_RETURN_IF_ERROR(PromptLogprobs(step, &result));
   slot.step = InFlight();
   return result;
 }

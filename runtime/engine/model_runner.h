@@ -86,6 +86,9 @@ struct RunnerShape {
   // on the host).
   size_t StagingBytes(const RunnerConfig& config, bool cuda) const;
   static size_t TopLogprobBytes(const RunnerConfig& config);
+  // The logit adjustments of one step: tokens i32 then deltas f32, room for
+  // kMaxLogitAdjustmentsPerSeq per sequence.
+  static size_t AdjustmentBytes(const RunnerConfig& config);
 };
 
 // One sequence of a step, as the runner sees it.
@@ -103,6 +106,16 @@ struct StepSequence {
   // request ended on it.
   int feed_from = -1;
   absl::Span<const int32_t> stop_token_ids;
+  // Added to the sampled row's logits before sampling (kernels/sampling.h's
+  // AdjustLogits): sorted by token, each once, at most
+  // kMaxLogitAdjustmentsPerSeq, tokens in the vocabulary. Only with sample.
+  // With sampling's penalties these depend on every token generated, so the
+  // step must be collected before the next launch (the runner says so).
+  absl::Span<const LogitAdjustment> logit_adjustments;
+  // The prompt log-probabilities this step computes (sampling.prompt_logprobs
+  // >= 0): target i is the token that follows new_tokens[i], for the first
+  // targets.size() <= new_tokens.size() rows.
+  absl::Span<const int32_t> prompt_logprob_targets;
 };
 
 // The shape a step runs with. decode: every sequence has one token and the
@@ -117,8 +130,13 @@ struct StepPlan {
 struct StepResult {
   std::vector<int32_t> tokens;                      // per sequence; -1 where sample was false
   std::vector<std::vector<TokenLogprob>> logprobs;  // per sequence, when asked for
-  bool replayed = false;                            // a captured graph ran
-  int padded_size = 0;                              // rows the step ran with
+  // Per sequence: one entry per prompt_logprob_targets entry.
+  std::vector<std::vector<PromptLogprob>> prompt_logprobs;
+  // The prompt log-probabilities reused the logits buffer: last_logits() no
+  // longer holds the step's logits.
+  bool logits_replaced = false;
+  bool replayed = false;  // a captured graph ran
+  int padded_size = 0;    // rows the step ran with
 };
 
 // A launched step, to be collected (ModelRunner::Collect) in launch order.
@@ -175,11 +193,13 @@ class ModelRunner {
                                     const StepPlan* plan = nullptr);
   // Waits for the oldest step in flight, which `ticket` must name, and
   // returns its results. A step with host-computed log-probabilities (more
-  // than kMaxTopLogprobs, or any on the host device) reads its logits here:
-  // FailedPrecondition if a later step has been launched since
-  // (NeedsCollectBeforeNextLaunch tells).
+  // than kMaxTopLogprobs, or any on the host device) reads its logits here,
+  // and one with prompt log-probabilities runs the LM head over its hidden
+  // states here: FailedPrecondition if a later step has been launched since.
   absl::StatusOr<StepResult> Collect(StepTicket ticket);
-  // Whether `ticket`'s results must be collected before another launch.
+  // Whether `ticket`'s results must be collected before another launch: it
+  // reads its activations at Collect (above), or a sequence of it has
+  // penalties, whose next adjustments count the token it samples.
   bool NeedsCollectBeforeNextLaunch(StepTicket ticket) const;
   int steps_in_flight() const;
   // Whether a sampled row asking for k log-probabilities gets them from the
@@ -237,14 +257,15 @@ class ModelRunner {
   // The static inputs of one step, written in the pinned staging buffer.
   struct Staging {
     int32_t *ids, *positions, *block_table, *seq_lens, *qsl, *logits_idx, *top_k, *logprobs_k,
-        *feed_src, *stop_ids;
+        *feed_src, *stop_ids, *adjust_offsets;
     int64_t *slots, *seeds, *steps;
     float *temperature, *top_p;
   };
   // Views of a staging buffer, one per static input buffer.
   struct StagedInputs {
     Tensor input_ids, positions, slot_mapping, block_table, seq_lens, query_start_loc,
-        logits_indices, temperature, top_k, top_p, seeds, steps, logprobs_k, feed_src, stop_ids;
+        logits_indices, temperature, top_k, top_p, seeds, steps, logprobs_k, feed_src, stop_ids,
+        adjust_offsets;
   };
   // The next staging slot's buffer, with dummy values in `rows` token rows
   // and `seqs` sequence rows; waits for the slot's last use first.
@@ -287,6 +308,11 @@ class ModelRunner {
     std::vector<char> sample;     // per sequence
     std::vector<int> logprobs_k;  // per sequence (0: none)
     bool host_logprobs = false;   // some row's come from the logits, on the host
+    bool penalties = false;       // some row's adjustments count its sampled tokens
+    // Prompt log-probabilities: per token row of the step, its sequence and
+    // the token it predicts.
+    std::vector<int32_t> prompt_rows, prompt_targets, prompt_seq;
+    std::vector<int> prompt_k;  // per sequence: top alternatives wanted
     bool replayed = false;
     int rows = 0;
   };
@@ -300,9 +326,12 @@ class ModelRunner {
     // logprobs f32 [B, K] (K the step's largest k), pinned; room for
     // max_num_seqs * kMaxTopLogprobs of each.
     Buffer top_logprobs_host;
+    Buffer adjustments_host;  // pinned, the layout of adjustments_
     std::unique_ptr<StreamEvent> done;
     InFlight step;
   };
+  // Collect's prompt log-probabilities of `step` into result->prompt_logprobs.
+  absl::Status PromptLogprobs(const InFlight& step, StepResult* result);
   Slot slots_[2];
   int slot_ = 0;  // the slot the next staging uses
   uint64_t next_ticket_ = 1;
@@ -312,13 +341,18 @@ class ModelRunner {
   int feedable_seqs_ = 0;
   // CUDA only: the device side of the top log-probabilities.
   Buffer top_logprobs_;
+  // The step's logit adjustments: tokens i32 [A] then deltas f32 [A]
+  // (RunnerShape::AdjustmentBytes), indexed by adjust_offsets_.
+  Buffer adjustments_;
+  Tensor adjust_tokens_, adjust_deltas_;
   // Static input buffers.
   Tensor input_ids_, positions_, slot_mapping_;                       // [max_rows]
   Tensor block_table_, seq_lens_, query_start_loc_, logits_indices_;  // per sequence
   Tensor temperature_, top_k_, top_p_, seeds_, steps_, sampled_;      // per sequence
-  Tensor logprobs_k_;  // per sequence: k of the device's top log-probabilities (0: none)
-  Tensor feed_src_;    // per sequence: the row of sampled_ its token comes from (-1: none)
-  Tensor stop_ids_;    // per sequence [kMaxFeedStopIds]: stops of a fed token (-1: unused)
+  Tensor logprobs_k_;      // per sequence: k of the device's top log-probabilities (0: none)
+  Tensor feed_src_;        // per sequence: the row of sampled_ its token comes from (-1: none)
+  Tensor stop_ids_;        // per sequence [kMaxFeedStopIds]: stops of a fed token (-1: unused)
+  Tensor adjust_offsets_;  // [max_seq_rows + 1]: row b's adjustments (AdjustLogits)
   std::map<int, std::unique_ptr<Graph>> graphs_;
   std::vector<std::vector<char>> saved_metadata_;
   RunnerStats stats_;

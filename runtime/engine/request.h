@@ -6,18 +6,45 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace mlag {
 
 using RequestId = int64_t;
 
+// One additive change to a token's logit before sampling.
+struct LogitAdjustment {
+  int32_t token;
+  float delta;
+};
+
+// How a request draws its tokens. The logits are first adjusted, per token t:
+//   logit[t] += float(bias[t] - presence_penalty * (c[t] > 0)
+//                     - frequency_penalty * c[t])
+// with c[t] the times the request has generated t (its prompt not counted)
+// and the sum taken in double; then temperature, top-k and top-p apply. The
+// returned log-probabilities are those of the adjusted logits (as OpenAI's
+// are). Everything is per request, so its tokens do not depend on its batch.
 struct SamplingParams {
   float temperature = 0.0f;  // <= 0: greedy
   int top_k = 0;             // <= 0: no top-k cut
   float top_p = 1.0f;        // >= 1: no top-p cut
   uint64_t seed = 0;         // per-request RNG seed (draws are keyed by seed and step)
   int logprobs = 0;          // top-K log-probabilities to return per generated token
+  // Token -> bias in [-100, 100], at most kMaxLogitBias tokens, each once.
+  std::vector<LogitAdjustment> logit_bias;
+  float presence_penalty = 0.0f;   // in [-2, 2]
+  float frequency_penalty = 0.0f;  // in [-2, 2]
+  // >= 0: the log-probability of every prompt token after the first, with
+  // its top-`prompt_logprobs` alternatives (OpenAI's echo). Such a request
+  // computes its whole prompt (no prefix-cache hits). -1: none.
+  int prompt_logprobs = -1;
+
+  bool has_penalties() const { return presence_penalty != 0.0f || frequency_penalty != 0.0f; }
 };
+
+// The most logit_bias entries a request may give (OpenAI's limit).
+constexpr int kMaxLogitBias = 300;
 
 struct RequestSpec {
   std::vector<int32_t> prompt;
@@ -38,6 +65,13 @@ struct TokenLogprob {
   float logprob;
 };
 
+// A prompt token's log-probability under the model given the tokens before
+// it, and the most likely alternatives there.
+struct PromptLogprob {
+  float logprob = 0.0f;
+  std::vector<TokenLogprob> top;
+};
+
 struct Request {
   RequestId id = 0;
   RequestSpec spec;
@@ -55,6 +89,9 @@ struct Request {
   int num_preemptions = 0;
   // Per generated token: its top-`logprobs` alternatives (when asked for).
   std::vector<std::vector<TokenLogprob>> logprobs;
+  // With prompt_logprobs >= 0: entry j - 1 for prompt token j, filled as its
+  // prefill runs.
+  std::vector<PromptLogprob> prompt_logprobs;
 
   int num_tokens() const { return static_cast<int>(tokens.size()); }
   int num_output_tokens() const { return num_tokens() - num_prompt_tokens; }
@@ -72,10 +109,18 @@ struct RequestResult {
   std::vector<int32_t> output_tokens;
   FinishReason finish_reason = FinishReason::kNone;
   std::vector<std::vector<TokenLogprob>> logprobs;  // per output token, when asked for
+  std::vector<PromptLogprob> prompt_logprobs;       // prompt tokens 1.., when asked for
 };
 
 inline RequestResult ResultOf(const Request& r) {
-  return {r.id, r.num_prompt_tokens, r.output_tokens(), r.finish_reason, r.logprobs};
+  return {r.id,       r.num_prompt_tokens, r.output_tokens(), r.finish_reason,
+          r.logprobs, r.prompt_logprobs};
 }
+
+// The adjustments a request's next sampled token gets (SamplingParams): its
+// logit_bias and penalties folded into one delta per token, sorted by token.
+// `generated` is every token the request has generated so far.
+std::vector<LogitAdjustment> LogitAdjustments(const SamplingParams& sampling,
+                                              absl::Span<const int32_t> generated);
 
 }  // namespace mlag

@@ -1,6 +1,9 @@
 #include "runtime/engine/scheduler.h"
 
 #include <algorithm>
+#include <map>
+#include <utility>
+#include <vector>
 
 namespace mlag {
 
@@ -16,6 +19,25 @@ absl::string_view FinishReasonName(FinishReason reason) {
       return "abort";
   }
   return "";
+}
+
+std::vector<LogitAdjustment> LogitAdjustments(const SamplingParams& sampling,
+                                              absl::Span<const int32_t> generated) {
+  // Token -> (bias, count), in token order.
+  std::map<int32_t, std::pair<double, int64_t>> per_token;
+  for (const LogitAdjustment& b : sampling.logit_bias) per_token[b.token].first = b.delta;
+  if (sampling.has_penalties()) {
+    for (int32_t t : generated) ++per_token[t].second;
+  }
+  std::vector<LogitAdjustment> out;
+  out.reserve(per_token.size());
+  for (const auto& [token, bc] : per_token) {
+    const auto [bias, count] = bc;
+    const double delta = bias - double{sampling.presence_penalty} * (count > 0 ? 1 : 0) -
+                         double{sampling.frequency_penalty} * static_cast<double>(count);
+    if (delta != 0.0) out.push_back({token, static_cast<float>(delta)});
+  }
+  return out;
 }
 
 void Scheduler::Add(Request* request) {
@@ -92,7 +114,10 @@ SchedulerOutput Scheduler::Schedule() {
          static_cast<int>(running_.size()) < config_.max_num_seqs &&
          waiting_.front()->num_pending_tokens == 0) {
     Request* r = waiting_.front();
-    if (r->num_computed_tokens == 0 && kv_->block_table(r->id).empty()) {
+    // A request asking for its prompt's log-probabilities computes every
+    // prompt position (no cached prefix).
+    if (r->num_computed_tokens == 0 && kv_->block_table(r->id).empty() &&
+        r->spec.sampling.prompt_logprobs < 0) {
       r->num_computed_tokens = kv_->AcquireCachedPrefix(r->id, r->tokens);
     }
     const int n = std::min(r->num_tokens() - r->num_computed_tokens, budget);

@@ -1,4 +1,4 @@
-// Cases of Sample, TopLogprobs and FeedSampledTokens (kernels/sampling.h):
+// Cases of Sample, TopLogprobs, AdjustLogits and FeedSampledTokens (kernels/sampling.h):
 // every token exact on every backend.
 //
 // The sampling rule is kernels/common/sampling_math.h's: tokens ranked by
@@ -28,6 +28,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -549,9 +550,67 @@ void FeedCase(Context& ctx, int64_t B, int64_t P) {
   ctx.ExpectInts(slots, want_slots);
 }
 
+// AdjustLogits on B rows of V logits (rows strided by `pad` extra
+// elements): each row gets 0 to `per_row` distinct tokens, some outside
+// [0, V) (skipped), and the last offset points past the entries (clamped).
+// The reference is the contract in plain code: one f32 add per entry.
+void AdjustCase(Context& ctx, int64_t B, int64_t V, int per_row, int64_t pad) {
+  std::mt19937 rng(ctx.NextSeed());
+  Buf& logits = ctx.Make("logits", DType::kF32, {B, V}, pad, 3, 2);
+  ctx.Randomize(logits, -20.0, 20.0);
+  std::vector<int32_t> offsets(Index(B + 1), 0), tokens;
+  std::vector<float> deltas;
+  std::vector<double> want = logits.Values();
+  for (int64_t b = 0; b < B; ++b) {
+    const int n = static_cast<int>(rng() % (per_row + 1));
+    std::set<int32_t> picked;
+    while (static_cast<int>(picked.size()) < std::min<int64_t>(n, V + 2)) {
+      const int32_t t = static_cast<int32_t>(rng() % (V + 2)) - (rng() % 5 == 0 ? 1 : 0);
+      picked.insert(t);  // -1 and V, V + 1 are outside
+    }
+    for (int32_t t : picked) {
+      const float d = std::uniform_real_distribution<float>(-100.0f, 100.0f)(rng);
+      tokens.push_back(t);
+      deltas.push_back(d);
+      if (t >= 0 && t < V) {
+        const int64_t at = b * V + t;
+        want[Index(at)] = static_cast<double>(static_cast<float>(want[Index(at)]) + d);
+      }
+    }
+    offsets[Index(b + 1)] = static_cast<int32_t>(tokens.size());
+  }
+  const int64_t A = static_cast<int64_t>(tokens.size());
+  offsets[Index(B)] += 5;  // past the entries: clamped to A
+  Buf& off_buf = ctx.Make("offsets", DType::kI32, {B + 1}, 0, 1, 2);
+  for (int64_t i = 0; i <= B; ++i) off_buf.HostData<int32_t>()[i] = offsets[Index(i)];
+  ctx.Upload(off_buf);
+  Buf& tok_buf = ctx.Make("tokens", DType::kI32, {std::max<int64_t>(A, 1)}, 0, 2, 1);
+  Buf& delta_buf = ctx.Make("deltas", DType::kF32, {std::max<int64_t>(A, 1)}, 0, 1, 3);
+  for (int64_t i = 0; i < std::max<int64_t>(A, 1); ++i) {
+    tok_buf.HostData<int32_t>()[i] = i < A ? tokens[Index(i)] : 0;
+    delta_buf.HostData<float>()[i] = i < A ? deltas[Index(i)] : 0.0f;
+  }
+  ctx.Upload(tok_buf);
+  ctx.Upload(delta_buf);
+  ctx.RunOp({&logits},
+            [&](Stream& s) { return AdjustLogits(s, logits.t, off_buf.t, tok_buf.t, delta_buf.t); },
+            true, {&logits});
+  ctx.ExpectClose(logits, want, Tolerance::Exact());
+}
+
 }  // namespace
 
 void AddSamplingCases(CaseList& cases) {
+  for (auto [B, V, per_row, pad] : {std::tuple<int64_t, int64_t, int, int64_t>{1, 1, 3, 0},
+                                    {5, 7, 9, 1},
+                                    {33, 1000, 40, 0},
+                                    {64, 129280, 300, 5},
+                                    {3, 32003, 4096, 0}}) {
+    cases.Add("adjust_logits", absl::StrCat(B, " rows V ", V, " up to ", per_row, " entries"),
+              [B = B, V = V, per_row = per_row, pad = pad](Context& ctx) {
+                AdjustCase(ctx, B, V, per_row, pad);
+              });
+  }
   for (auto [B, P] : {std::pair<int64_t, int64_t>{1, 1}, {7, 3}, {40, 40}, {300, 97}}) {
     cases.Add("feed_sampled", absl::StrCat(B, " sequences from ", P, " tokens"),
               [B = B, P = P](Context& ctx) { FeedCase(ctx, B, P); });

@@ -29,6 +29,7 @@ namespace mlag::testing {
 struct LoopRecord {
   std::vector<std::vector<int32_t>> tokens;
   std::vector<std::vector<std::vector<TokenLogprob>>> logprobs;
+  std::vector<std::vector<PromptLogprob>> prompt_logprobs;
   std::vector<FinishReason> reasons;
   EngineStats stats;
   int64_t steps_with_carried_tokens = 0;  // Step calls that delivered an earlier launch's tokens
@@ -88,6 +89,7 @@ inline LoopRecord RunArrivals(Engine& engine, const std::vector<RequestSpec>& sp
     const Request* r = engine.request(ids[i]);
     rec.tokens.push_back(r->output_tokens());
     rec.logprobs.push_back(r->logprobs);
+    rec.prompt_logprobs.push_back(r->prompt_logprobs);
     rec.reasons.push_back(r->finish_reason);
     if (r->finish_reason != FinishReason::kAbort) {
       EXPECT_EQ(delivered[ids[i]], r->num_output_tokens()) << "request " << i;
@@ -103,7 +105,9 @@ inline LoopRecord RunArrivals(Engine& engine, const std::vector<RequestSpec>& sp
 
 // The requests: random prompts of 1-70 tokens (longer than a small token
 // budget: chunked prefills), 1-12 new tokens, every third seeded sampling,
-// log-probabilities of 0, 3 or kMaxTopLogprobs + 1 (the host's rows), and,
+// log-probabilities of 0, 3 or kMaxTopLogprobs + 1 (the host's rows), some
+// with a logit_bias, some with presence and frequency penalties (collected
+// before the next launch), some with prompt log-probabilities, and,
 // where `base` (a run of the same requests without stop tokens) is given,
 // stop tokens taken from its outputs: one, or kMaxFeedStopIds + 1 of them
 // (the device cannot check those), or one that ends nothing.
@@ -124,6 +128,21 @@ inline std::vector<RequestSpec> OverlapRequests(int n, int vocab, uint32_t seed,
     }
     if (i % 5 == 1) s.sampling.logprobs = 3;
     if (i % 11 == 4) s.sampling.logprobs = kMaxTopLogprobs + 1;
+    if (i % 7 == 3) {
+      s.sampling.logit_bias = {{static_cast<int32_t>((i * 13) % vocab), 4.0f},
+                               {static_cast<int32_t>((i * 31 + 7) % vocab), -3.5f}};
+      std::sort(
+          s.sampling.logit_bias.begin(), s.sampling.logit_bias.end(),
+          [](const LogitAdjustment& a, const LogitAdjustment& b) { return a.token < b.token; });
+      if (s.sampling.logit_bias[0].token == s.sampling.logit_bias[1].token) {
+        s.sampling.logit_bias.pop_back();
+      }
+    }
+    if (i % 6 == 5) {
+      s.sampling.presence_penalty = 0.6f;
+      s.sampling.frequency_penalty = i % 12 == 11 ? -0.5f : 0.4f;
+    }
+    if (i % 8 == 6) s.sampling.prompt_logprobs = 2;
     if (base == nullptr) continue;
     const std::vector<int32_t>& out = base->tokens[i];
     if (out.empty()) continue;
@@ -219,6 +238,21 @@ inline void ExpectOverlapMatchesStepByStep(EngineOptions options, int n, uint32_
     }
     EXPECT_EQ(a.tokens[i], b.tokens[i]);
     EXPECT_EQ(a.reasons[i], b.reasons[i]);
+    // Prompt log-probabilities: one per prompt token after the first.
+    const size_t want_prompt =
+        specs[i].sampling.prompt_logprobs >= 0 ? specs[i].prompt.size() - 1 : 0;
+    ASSERT_EQ(a.prompt_logprobs[i].size(), want_prompt);
+    ASSERT_EQ(b.prompt_logprobs[i].size(), want_prompt);
+    for (size_t t = 0; t < want_prompt; ++t) {
+      const PromptLogprob &x = a.prompt_logprobs[i][t], &y = b.prompt_logprobs[i][t];
+      ASSERT_EQ(x.top.size(), 2u);
+      ASSERT_EQ(y.top.size(), 2u);
+      if (workload.exact_logprobs) {
+        EXPECT_EQ(std::memcmp(&x.logprob, &y.logprob, sizeof(float)), 0) << "prompt token " << t;
+      } else {
+        EXPECT_NEAR(x.logprob, y.logprob, workload.logprob_tolerance) << "prompt token " << t;
+      }
+    }
     if (a.tokens[i] != b.tokens[i]) continue;
     ASSERT_EQ(a.logprobs[i].size(), b.logprobs[i].size());
     for (size_t t = 0; t < a.logprobs[i].size(); ++t) {
