@@ -14,11 +14,13 @@
 #include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <memory>
 #include <random>
 #include <set>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -53,6 +55,9 @@ struct BenchFlags {
   std::vector<int> prefill_lens = {128, 512, 2048};
   int contend = 0;  // busy threads for the contended measurement; 0: none
   double bandwidth_gib = 2.0;
+  // Caps the host kernels' ISA as MLAG_HOST_ISA does ("" or "avx512": the
+  // widest the CPU has), so one machine measures the narrower variants too.
+  std::string host_isa;
   bool profile = false;
   // auto: bf16 on CUDA (what the tensor-core decode kernel reads), f32 on
   // the host (the engine's default there).
@@ -285,6 +290,14 @@ constexpr int kBesideReps = 3;
 constexpr int kMaxBenchBatch = 65536;
 
 absl::Status Bench(BenchFlags f) {
+  if (!f.host_isa.empty()) {
+    // Before any host kernel runs: the variant is chosen at the first call.
+    if (f.host_isa == "avx512") {
+      unsetenv("MLAG_HOST_ISA");
+    } else {
+      setenv("MLAG_HOST_ISA", f.host_isa.c_str(), 1);
+    }
+  }
   if (f.batch_sizes.empty()) return absl::InvalidArgumentError("--batch-sizes is empty");
   const int max_batch = *std::max_element(f.batch_sizes.begin(), f.batch_sizes.end());
   MLAG_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, Device::Create(f.device));
@@ -600,6 +613,11 @@ Command AddBenchCommand(CLI::App& app) {
       ->add_option("--contend", f->contend,
                    "busy threads to run beside a second round of decode and capture timings")
       ->check(CLI::Range(0, 256));
+  bench
+      ->add_option("--host-isa", f->host_isa,
+                   "host kernels' widest ISA: avx512 (the CPU's best), avx2 or sse2 "
+                   "(as MLAG_HOST_ISA)")
+      ->check(CLI::IsMember({"avx512", "avx2", "sse2"}));
   bench
       ->add_option("--bandwidth-gib", f->bandwidth_gib, "buffer of the bandwidth measurement (GiB)")
       ->check(CLI::Range(1.0 / 1024, 1024.0));

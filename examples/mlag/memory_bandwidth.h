@@ -15,10 +15,11 @@ namespace mlag {
 
 struct BandwidthMeasurement {
   double bytes_per_second = 0.0;           // the ceiling: best of the methods and repetitions
-  double read_sum_bytes_per_second = 0.0;  // host: parallel read-sum
+  double read_sum_bytes_per_second = 0.0;  // host: best parallel read-sum
   double gemv_bytes_per_second = 0.0;      // host: Linear at one row over the buffer
   size_t bytes = 0;                        // buffer size
-  const char* method = "";                 // what was timed
+  bool huge_pages = false;                 // host: the buffer was advised onto huge pages
+  const char* method = "";                 // the method that gave the ceiling
 };
 
 // A bandwidth measurement that can be repeated without allocating again:
@@ -43,11 +44,15 @@ class MemoryBandwidthProbe {
   std::unique_ptr<Stream> stream_;  // host: the Linear's stream
   LinearWeight weight_;             // host: the buffer as a packed [rows, 2048] weight
   std::vector<float> x_, y_, partial_;
+  bool huge_pages_ = false;
 };
 
-// Host: the better of a read-only sum over a `bytes` buffer on every host
-// thread and a one-row Linear streaming the same buffer as a weight matrix
-// (the access pattern of decode), best of `reps`. CUDA: a device-to-device
+// Host: the best of several ways to read a `bytes` buffer (on huge pages
+// where the system gives them) on every host thread: plain streaming reads,
+// reads with software prefetch, non-temporal loads, and a one-row Linear
+// streaming the same buffer as a weight matrix (the access pattern of
+// decode), best of `reps` each. A ceiling any real kernel can beat is a
+// defect of the probe: mlag bench names one when a step does. CUDA: a device-to-device
 // cudaMemcpy, counting bytes read plus bytes written. `bytes` should be far
 // larger than the last-level cache.
 absl::StatusOr<BandwidthMeasurement> MeasureMemoryBandwidth(Device& device, size_t bytes,

@@ -173,7 +173,11 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelSource& source, Device* device,
   }
   MemoryPlan p;
   p.device = device->name();
-  MLAG_ASSIGN_OR_RETURN(p.budget, device->AvailableMemory());
+  if (request.budget.has_value()) {
+    p.budget = *request.budget;
+  } else {
+    MLAG_ASSIGN_OR_RETURN(p.budget, device->AvailableMemory());
+  }
   p.memory_utilization = request.memory_utilization;
   p.memory_share = request.memory_share;
   p.usable_bytes = static_cast<size_t>(static_cast<double>(p.budget.available) *

@@ -32,6 +32,7 @@
 // planned KV cache cannot hold one max_model_len sequence.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,10 @@ struct MemoryPlanRequest {
   // frees the old ones, so the plan holds back the most that any step of
   // the sequence needs above the start ("expert migration").
   std::vector<int> reconfiguration_expert_slots;
+  // The memory to plan within; nullopt: what the device has now
+  // (Device::AvailableMemory). Tests that plan twice pin it, as the
+  // machine's free memory moves between calls.
+  std::optional<MemoryBudget> budget;
 };
 
 struct MemoryPlanItem {

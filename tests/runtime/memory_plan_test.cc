@@ -254,6 +254,9 @@ TEST(MemoryPlanTest, ALongContextIsRefusedWithALengthThatFits) {
   ASSERT_OK(device);
   MemoryPlanRequest r = TinyRequest();
   r.memory_utilization = 0.01;
+  // One budget for every plan below: "fits" and "fits + 1" are compared
+  // against the same memory, whatever else the machine does meanwhile.
+  ASSERT_OK_AND_ASSIGN(r.budget, (*device)->AvailableMemory());
   absl::StatusOr<MemoryPlan> refused = PlanMemory(source, device->get(), r);
   ASSERT_THAT(refused.status(), StatusIs(absl::StatusCode::kResourceExhausted,
                                          HasSubstr("KV for one 200000000-token sequence")));
@@ -299,6 +302,7 @@ TEST(MemoryPlanTest, WeightDtypeAdviceNamesOnlyDtypesThatFit) {
   ASSERT_OK_AND_ASSIGN(ModelSource tiny_source, OpenModel("tiny-v3"));
   ASSERT_OK_AND_ASSIGN(MemoryPlan tiny, PlanMemory(tiny_source, device->get(), TinyRequest()));
   const double available = static_cast<double>(tiny.budget.available);
+  r.budget = tiny.budget;
   auto weights = [&](WeightFormat f) {
     ModelOptions o;
     o.weight_format = f;
