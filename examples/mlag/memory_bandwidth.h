@@ -43,6 +43,7 @@ class MemoryBandwidthProbe {
   Buffer copy_;                     // CUDA: the copy's destination
   std::unique_ptr<Stream> stream_;  // host: the Linear's stream
   LinearWeight weight_;             // host: the buffer as a packed [rows, 2048] weight
+  LinearWeight bf16_weight_;        // host: the same bytes as packed bf16 weights
   std::vector<float> x_, y_, partial_;
   bool huge_pages_ = false;
 };
@@ -50,8 +51,8 @@ class MemoryBandwidthProbe {
 // Host: the best of several ways to read a `bytes` buffer (on huge pages
 // where the system gives them) on every host thread: plain streaming reads,
 // reads with software prefetch, non-temporal loads, and a one-row Linear
-// streaming the same buffer as a weight matrix (the access pattern of
-// decode), best of `reps` each. A ceiling any real kernel can beat is a
+// streaming the same buffer as an f32 and as a bf16 weight matrix (the
+// access pattern of decode), best of `reps` each. A ceiling any real kernel can beat is a
 // defect of the probe: mlag bench names one when a step does. CUDA: a device-to-device
 // cudaMemcpy, counting bytes read plus bytes written. `bytes` should be far
 // larger than the last-level cache.

@@ -66,6 +66,8 @@ constexpr bool kFma = true;
 constexpr int kRowBlock = 6, kColBlock = 4, kRowBlockFp8 = 5;
 // Packed: 6 rows x 4 vectors, 24 accumulators, every dtype and row count.
 template <DType>
+constexpr SlabBlocking kSlabBlockingOne = {6, 4};
+template <DType>
 constexpr SlabBlocking kSlabBlocking = {6, 4};
 template <DType>
 constexpr SlabBlocking kSlabBlockingMany = {6, 4};
@@ -98,16 +100,20 @@ namespace avx2 {
 constexpr int kLanes = 8;
 constexpr bool kFma = true;
 constexpr int kRowBlock = 4, kColBlock = 2, kRowBlockFp8 = 3;
-// Packed, in 16 registers. Up to 2 rows (decode's small batches, which
-// stream w): 2 x 4, wide parts keeping 4 chains per row in flight. From
+// Packed, in 16 registers. A row alone (batch-1 decode, which streams w
+// from memory): 1 x 8, a whole slab a step, 8 chains (with parts, each
+// would be a pass over the group's memory reading every other cache line).
+// 2 to 4 rows, and the rows a larger panel leaves over: 2 x 4 from L1. From
 // kSlabManyRows rows a block (blocks from L1, arithmetic-bound): f32 6 x 2 (12
 // accumulators, 2 w vectors, the x broadcast: 2 x 4's 8 chains are too few
 // to hide the FMA latency, and it loads w once per 2 FMAs instead of once
-// per 1.3), bf16 5 x 2 (its conversion takes a register), fp8 2 x 4 (one
-// load of bytes is four vectors; from 5 rows fp8 is converted to f32 once
-// per chunk and multiplied as f32). On a 2-core Zen 4 capped to AVX2, f32
+// per 1.3), bf16 5 x 2 (its conversion takes a register), fp8 2 x 4 (its
+// conversion takes several; from 5 rows fp8 is converted to f32 once per
+// chunk and multiplied as f32). On a 2-core Zen 4 capped to AVX2, f32
 // [512 x 2048] x [2048 x 7168]: 93 GFLOP/s with 2 x 4, 179 with 6 x 2
 // (OpenBLAS's Haswell kernel: 188).
+template <DType>
+constexpr SlabBlocking kSlabBlockingOne = {1, 8};
 template <DType>
 constexpr SlabBlocking kSlabBlocking = {2, 4};
 template <DType kW>
@@ -141,6 +147,8 @@ namespace base {
 constexpr int kLanes = 4;
 constexpr bool kFma = false;
 constexpr int kRowBlock = 4, kColBlock = 2, kRowBlockFp8 = 3;
+template <DType>
+constexpr SlabBlocking kSlabBlockingOne = {2, 4};
 template <DType>
 constexpr SlabBlocking kSlabBlocking = {2, 4};
 template <DType>
