@@ -9,12 +9,17 @@
 //
 //   mlag bench --model M [--batch-sizes 1,8,32] [--context-len N]
 //              [--prefill-lens 128,512,2048] [--contend N] [--json]
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
@@ -22,6 +27,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -192,6 +198,29 @@ absl::StatusOr<double> TimeSteps(ModelRunner& runner, const DecodeBatch& batch, 
   return Median(ms);
 }
 
+// Graph replay and eager steps of `batch`, alternately, `steps` of each
+// (after two of each to warm up): medians in ms, {graph, eager}. Alternate,
+// so that a machine whose bandwidth moves between phases times both in the
+// same phases.
+absl::StatusOr<std::pair<double, double>> TimeGraphAndEager(ModelRunner& runner,
+                                                            const DecodeBatch& batch, int steps) {
+  std::vector<double> graph_ms, eager_ms;
+  absl::Status status;
+  for (int i = 0; i < steps + 2 && status.ok(); ++i) {
+    for (bool graphs : {true, false}) {
+      runner.set_graphs_enabled(graphs);
+      auto t0 = Clock::now();
+      status = runner.Execute(batch.seqs).status();
+      if (!status.ok()) break;
+      const double ms = 1e3 * std::chrono::duration<double>(Clock::now() - t0).count();
+      if (i >= 2) (graphs ? graph_ms : eager_ms).push_back(ms);
+    }
+  }
+  runner.set_graphs_enabled(true);
+  MLAG_RETURN_IF_ERROR(status);
+  return std::make_pair(Median(graph_ms), Median(eager_ms));
+}
+
 // A node or op name with its layer indices folded: "layers.3.attn.mla" ->
 // "layers.*.attn.mla".
 std::string FoldLayers(const std::string& name) {
@@ -289,6 +318,25 @@ constexpr int kBesideReps = 3;
 // The largest decode batch bench captures (the engine's max_num_seqs bound).
 constexpr int kMaxBenchBatch = 65536;
 
+// Runs this process again with OPENBLAS_CORETYPE set to `core`: OpenBLAS
+// picks its kernels once, when it loads, so a run capped to a narrower ISA
+// starts again for its GEMM ceiling (the better of the host GEMM and
+// OpenBLAS) to be that ISA's too. Returns only on failure.
+absl::Status RunAgainWithOpenblasCore(const char* core) {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> args;
+  for (std::string arg; std::getline(in, arg, '\0');) args.push_back(arg);
+  if (args.empty()) return absl::InternalError("cannot read /proc/self/cmdline");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  setenv("OPENBLAS_CORETYPE", core, 1);
+  std::fflush(stdout);
+  execv("/proc/self/exe", argv.data());
+  return absl::InternalError(
+      absl::StrCat("running again for OPENBLAS_CORETYPE=", core, ": ", std::strerror(errno)));
+}
+
 absl::Status Bench(BenchFlags f) {
   if (!f.host_isa.empty()) {
     // Before any host kernel runs: the variant is chosen at the first call.
@@ -296,6 +344,9 @@ absl::Status Bench(BenchFlags f) {
       unsetenv("MLAG_HOST_ISA");
     } else {
       setenv("MLAG_HOST_ISA", f.host_isa.c_str(), 1);
+      if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {
+        return RunAgainWithOpenblasCore(f.host_isa == "avx2" ? "Haswell" : "Prescott");
+      }
     }
   }
   if (f.batch_sizes.empty()) return absl::InvalidArgumentError("--batch-sizes is empty");
@@ -394,7 +445,8 @@ absl::Status Bench(BenchFlags f) {
     // and one just after, so that both figures come from the same phase of
     // a machine whose bandwidth moves.
     MLAG_ASSIGN_OR_RETURN(const BandwidthMeasurement beside_before, probe->Measure(kBesideReps));
-    MLAG_ASSIGN_OR_RETURN(r.graph_ms, TimeSteps(*runner, batch, f.steps));
+    MLAG_ASSIGN_OR_RETURN(std::tie(r.graph_ms, r.eager_ms),
+                          TimeGraphAndEager(*runner, batch, f.steps));
     MLAG_ASSIGN_OR_RETURN(const BandwidthMeasurement beside_after, probe->Measure(kBesideReps));
     if (f.profile && device->is_cuda()) {
       MLAG_ASSIGN_OR_RETURN(std::tie(r.replay_device_ms, r.launch_gap_us),
@@ -423,7 +475,8 @@ absl::Status Bench(BenchFlags f) {
       MLAG_ASSIGN_OR_RETURN(r.contended_graph_ms, TimeSteps(*runner, batch, f.steps));
     }
   }
-  // Routing of each batch (an eager step with recording on) and eager timing.
+  // Routing of each batch (an eager step with recording on); eager timing
+  // was alternated with the graph's above.
   runner->DropGraphs();
   for (DecodeResult& r : results) {
     DecodeBatch batch(r.batch, f.context_len, blocks_per_seq, mc.vocab_size, 100 + r.batch);
@@ -441,7 +494,6 @@ absl::Status Bench(BenchFlags f) {
     }
     r.bytes = fixed_bytes + r.experts_touched * static_cast<double>(wb.routed_expert) +
               r.batch * row_bytes + r.batch * (f.context_len + 1) * kv_token_bytes;
-    MLAG_ASSIGN_OR_RETURN(r.eager_ms, TimeSteps(*runner, batch, f.steps));
     if (f.profile && !device->is_cuda()) {
       MLAG_ASSIGN_OR_RETURN(r.profile_ms, ProfileSteps(*runner, batch, f.steps));
     }
@@ -616,7 +668,8 @@ Command AddBenchCommand(CLI::App& app) {
   bench
       ->add_option("--host-isa", f->host_isa,
                    "host kernels' widest ISA: avx512 (the CPU's best), avx2 or sse2 "
-                   "(as MLAG_HOST_ISA)")
+                   "(as MLAG_HOST_ISA; OpenBLAS is capped to match, Haswell or Prescott "
+                   "kernels, unless OPENBLAS_CORETYPE is set)")
       ->check(CLI::IsMember({"avx512", "avx2", "sse2"}));
   bench
       ->add_option("--bandwidth-gib", f->bandwidth_gib, "buffer of the bandwidth measurement (GiB)")

@@ -97,7 +97,10 @@ void PrintBenchJson(const BenchReport& r) {
                   {"gemv_gb_s", r.bandwidth.gemv_bytes_per_second / 1e9},
                   {"bandwidth_buffer_bytes", r.bandwidth.bytes},
                   {"bandwidth_huge_pages", r.bandwidth.huge_pages}};
-  if (!r.is_cuda) j["machine"]["host_isa"] = host::GemmIsa();
+  if (!r.is_cuda) {
+    j["machine"]["host_isa"] = host::GemmIsa();
+    j["machine"]["openblas_core"] = OpenblasCore();
+  }
   if (r.peak_gflops > 0) j["machine"]["peak_gflops"] = r.peak_gflops;
   for (const auto& [dtype, flops] : r.matmul_peak_flops) {
     j["machine"]["matmul_peak_tflops"][std::string(DTypeName(dtype))] = flops / 1e12;
@@ -378,8 +381,9 @@ void PrintBenchText(const BenchReport& r) {
   if (!r.gemm_cost.empty()) {
     std::printf(
         "\nwhat batch invariance costs: the host GEMM (one summation order at every row count)"
-        " against OpenBLAS sgemm, f32 [%lld x %lld] weights, GFLOP/s:\n",
-        static_cast<long long>(r.gemm_cost[0].out), static_cast<long long>(r.gemm_cost[0].in));
+        " against OpenBLAS sgemm (%s kernels), f32 [%lld x %lld] weights, GFLOP/s:\n",
+        OpenblasCore(), static_cast<long long>(r.gemm_cost[0].out),
+        static_cast<long long>(r.gemm_cost[0].in));
     for (const GemmCost& g : r.gemm_cost) {
       std::printf("  rows %5lld: host GEMM %8.1f  OpenBLAS %8.1f  (%.2fx)\n",
                   static_cast<long long>(g.rows), g.host_gemm_gflops, g.openblas_gflops,

@@ -30,6 +30,8 @@ double BestSeconds(int reps, Fn&& fn) {
 
 }  // namespace
 
+const char* OpenblasCore() { return openblas_get_corename(); }
+
 double MeasurePeakGflops(int reps) {
   // Items of 2^20 steps (about 2-20 ms each), claimed one at a time, 16
   // per thread: a thread that starts late takes fewer, and the total over

@@ -20,6 +20,10 @@ struct GemmCost {
   double openblas_gflops = 0;
 };
 
+// OpenBLAS's kernel family ("Haswell", "SkylakeX", ...): the CPU's, or
+// OPENBLAS_CORETYPE's when set before the process started.
+const char* OpenblasCore();
+
 // The host's peak multiply-add rate, as GFLOP/s (two per multiply-add):
 // host::GemmPeakProbe on every host thread at once, best of `reps`. The
 // arithmetic ceiling that decode steps are measured against. Host only.

@@ -121,7 +121,9 @@ constexpr SlabBlocking kSlabBlockingMany = kW == DType::kF32    ? SlabBlocking{6
                                            : kW == DType::kBF16 ? SlabBlocking{5, 2}
                                                                 : SlabBlocking{2, 4};
 constexpr int kSlabManyRows = 5;
-constexpr int kAccRows = 2, kAccVectors = 4;
+// GemmNNAccumulate: 6 rows x 2 vectors, 12 chains (2 x 4's 8 cannot hide the
+// FMA latency), as the packed blocks of many rows.
+constexpr int kAccRows = 6, kAccVectors = 2;
 template <typename V>
 __attribute__((always_inline)) inline V VFma(V a, V b, V c) {
   return _mm256_fmadd_ps(a, b, c);

@@ -586,7 +586,7 @@ absl::StatusOr<StepTicket> ModelRunner::Launch(absl::Span<const StepSequence> se
           " and ", s.stop_token_ids.size(), ")"));
     }
   }
-  const bool replay = plan.decode && graphs_.count(plan.rows) > 0;
+  const bool replay = plan.decode && graphs_enabled_ && graphs_.count(plan.rows) > 0;
   const int rows = plan.rows;
   const int seq_rows = plan.decode ? plan.rows : B;
 

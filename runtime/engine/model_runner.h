@@ -166,6 +166,10 @@ class ModelRunner {
   // first, each after an eager dummy warm-up. No-op for kNone.
   absl::Status CaptureGraphs();
   void DropGraphs() { graphs_.clear(); }
+  // false: steps run eagerly even where a graph is captured (the same
+  // padding, so the same arithmetic), until set true again. For benchmarks
+  // that time both alternately.
+  void set_graphs_enabled(bool enabled) { graphs_enabled_ = enabled; }
 
   // The plan this runner would choose for `seqs` alone: a pure decode batch
   // padded to the smallest capture size (its exact size above the largest),
@@ -357,6 +361,7 @@ class ModelRunner {
   std::vector<std::vector<char>> saved_metadata_;
   RunnerStats stats_;
   int last_rows_ = 1;
+  bool graphs_enabled_ = true;
 };
 
 }  // namespace mlag
