@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "examples/mlag/bench_report.h"
 #include "examples/mlag/cli.h"
 #include "examples/mlag/gemm_cost.h"
@@ -295,13 +296,12 @@ absl::StatusOr<std::pair<double, double>> ReplayTimes(ModelRunner& runner, const
 
 // Eager milliseconds per step of each host op over `steps` steps, layer
 // indices folded ("layers.*.attn.mla"), most first.
-absl::StatusOr<std::vector<std::pair<std::string, double>>> ProfileSteps(ModelRunner& runner,
-                                                                         const DecodeBatch& batch,
-                                                                         int steps) {
+absl::StatusOr<std::vector<std::pair<std::string, double>>> ProfileSteps(
+    ModelRunner& runner, absl::Span<const StepSequence> seqs, int steps) {
   HostOpProfile profile;
   runner.stream().set_host_profile(&profile);
   absl::Status s;
-  for (int i = 0; i < steps && s.ok(); ++i) s = runner.Execute(batch.seqs).status();
+  for (int i = 0; i < steps && s.ok(); ++i) s = runner.Execute(seqs).status();
   runner.stream().set_host_profile(nullptr);
   MLAG_RETURN_IF_ERROR(s);
   std::map<std::string, double> folded;
@@ -495,7 +495,7 @@ absl::Status Bench(BenchFlags f) {
     r.bytes = fixed_bytes + r.experts_touched * static_cast<double>(wb.routed_expert) +
               r.batch * row_bytes + r.batch * (f.context_len + 1) * kv_token_bytes;
     if (f.profile && !device->is_cuda()) {
-      MLAG_ASSIGN_OR_RETURN(r.profile_ms, ProfileSteps(*runner, batch, f.steps));
+      MLAG_ASSIGN_OR_RETURN(r.profile_ms, ProfileSteps(*runner, batch.seqs, f.steps));
     }
     if (f.profile && device->is_cuda()) {
       MLAG_ASSIGN_OR_RETURN(r.nodes, ProfileDeviceStep(*runner, batch, &r.profiled_step_wall_ms));
@@ -595,6 +595,10 @@ absl::Status Bench(BenchFlags f) {
       ms.push_back(1e3 * SecondsSince(t0));
     }
     prefills.push_back({len, Median(ms), PrefillFlops(mc, len)});
+    if (f.profile && !device->is_cuda()) {
+      // Where a prefill's time goes, op by op: one more run, profiled.
+      MLAG_ASSIGN_OR_RETURN(prefills.back().profile_ms, ProfileSteps(*runner, {&pre, 1}, 1));
+    }
   }
 
   BenchReport report;
@@ -676,7 +680,8 @@ Command AddBenchCommand(CLI::App& app) {
       ->check(CLI::Range(1.0 / 1024, 1024.0));
   bench->add_flag("--profile", f->profile,
                   "where a step's time goes: host: each op of --steps eager decode steps per batch "
-                  "size; CUDA: each graph node of one eager event-timed step per batch size, its "
+                  "size and of one run per prefill length; CUDA: each graph node of one eager "
+                  "event-timed step per batch size, its "
                   "bytes and FLOPs against the copy bandwidth and a cuBLASLt matmul's rate "
                   "measured in the same run, and the device's idle time between graph replays");
   bench

@@ -234,6 +234,7 @@ void PrintBenchJson(const BenchReport& r) {
       e["gemm_ceiling_gflops"] = ceiling;
       e["fraction_of_gemm_ceiling"] = gflops / ceiling;
     }
+    for (const auto& [op, ms] : p.profile_ms) e["profile_ms"].push_back({{"op", op}, {"ms", ms}});
     j["prefill"].push_back(std::move(e));
   }
   j["invariance_cost"] = nlohmann::json::array();
@@ -412,6 +413,17 @@ void PrintBenchText(const BenchReport& r) {
     std::printf("%8d %10.1f %10.1f %8.2f %9.1f %14.1f %8.1f%%\n", p.tokens, p.ms,
                 p.tokens / (p.ms / 1e3), p.flops / 1e9, gflops, ceiling,
                 100.0 * Ratio(gflops, ceiling));
+  }
+  for (const PrefillResult& p : r.prefill) {
+    if (p.profile_ms.empty()) continue;
+    double total = 0;
+    for (const auto& [op, ms] : p.profile_ms) total += ms;
+    std::printf("\nprefill of %d tokens, ms by op (one profiled run; ops total %.1f ms):\n",
+                p.tokens, total);
+    for (const auto& [op, ms] : p.profile_ms) {
+      if (ms < 0.005 * total) break;  // sorted: the rest are smaller
+      std::printf("  %8.1f %5.1f%%  %s\n", ms, 100.0 * ms / total, op.c_str());
+    }
   }
   std::printf(
       "bytes/step = weights read (routed experts: those the batch routes to) + "

@@ -67,6 +67,8 @@ struct PrefillResult {
   int tokens = 0;
   double ms = 0;
   double flops = 0;  // PrefillFlops: the work of the forms the engine computes
+  // Host, --profile: ms of one run by op (layers folded), largest first.
+  std::vector<std::pair<std::string, double>> profile_ms;
 };
 
 struct BenchReport {
