@@ -72,6 +72,8 @@ constexpr SlabBlocking kSlabBlocking = {6, 4};
 template <DType>
 constexpr SlabBlocking kSlabBlockingMany = {6, 4};
 constexpr int kSlabManyRows = 1;
+template <DType kW, int>
+constexpr SlabBlocking kSlabBlockingLeft = kSlabBlocking<kW>;
 constexpr int kAccRows = 4, kAccVectors = 4;
 template <typename V>
 __attribute__((always_inline)) inline V VFma(V a, V b, V c) {
@@ -103,7 +105,8 @@ constexpr int kRowBlock = 4, kColBlock = 2, kRowBlockFp8 = 3;
 // Packed, in 16 registers. A row alone (batch-1 decode, which streams w
 // from memory): 1 x 8, a whole slab a step, 8 chains (with parts, each
 // would be a pass over the group's memory reading every other cache line).
-// 2 to 4 rows, and the rows a larger panel leaves over: 2 x 4 from L1. From
+// 2 to 4 rows: 2 x 4 from L1 (the rows a larger panel leaves over:
+// kSlabBlockingLeft below). From
 // kSlabManyRows rows a block (blocks from L1, arithmetic-bound): f32 6 x 2 (12
 // accumulators, 2 w vectors, the x broadcast: 2 x 4's 8 chains are too few
 // to hide the FMA latency, and it loads w once per 2 FMAs instead of once
@@ -121,6 +124,17 @@ constexpr SlabBlocking kSlabBlockingMany = kW == DType::kF32    ? SlabBlocking{6
                                            : kW == DType::kBF16 ? SlabBlocking{5, 2}
                                                                 : SlabBlocking{2, 4};
 constexpr int kSlabManyRows = 5;
+// The r rows left after those blocks (and a panel of 2 to 4 rows), in one
+// block that converts each weight once: 1 x 8, 2 x 4, 3 x 2, 4 x 2, 5 x 2;
+// fp8, whose conversion takes registers, 2 x 4 blocks (1 x 8 alone). Before,
+// every leftover ran 2 x 4: 3 rows as 1 + 2 (the one row's 4 chains cannot
+// hide the FMA latency, and each block converts the weights again). 3 x 4
+// would not fit: GCC kept 3 of its 12 accumulators on the stack, chains
+// through memory.
+template <DType kW, int kR>
+constexpr SlabBlocking kSlabBlockingLeft = kR == 1                           ? SlabBlocking{1, 8}
+                                           : kR == 2 || kW == DType::kF8E4M3 ? SlabBlocking{2, 4}
+                                                                             : SlabBlocking{kR, 2};
 // GemmNNAccumulate: 6 rows x 2 vectors, 12 chains (2 x 4's 8 cannot hide the
 // FMA latency), as the packed blocks of many rows.
 constexpr int kAccRows = 6, kAccVectors = 2;
@@ -156,6 +170,8 @@ constexpr SlabBlocking kSlabBlocking = {2, 4};
 template <DType>
 constexpr SlabBlocking kSlabBlockingMany = {2, 4};
 constexpr int kSlabManyRows = 1;
+template <DType kW, int>
+constexpr SlabBlocking kSlabBlockingLeft = kSlabBlocking<kW>;
 constexpr int kAccRows = 2, kAccVectors = 4;
 template <typename V>
 __attribute__((always_inline)) inline V VFma(V a, V b, V c) {
