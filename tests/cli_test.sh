@@ -208,6 +208,11 @@ assert [p["tokens"] for p in j["prefill"]] == [16, 40], j["prefill"]
 for p in j["prefill"]:
     assert p["tokens_per_s"] > 0 and p["gflop"] > 0 and p["gemm_ceiling_gflops"] > 0, p
     assert p["fraction_of_gemm_ceiling"] > 0, p
+    # The ceiling beside the run is one of the measurements the best is
+    # taken over.
+    assert p["best_gemm_ceiling_gflops"] >= p["gemm_ceiling_gflops"], p
+    assert close(p["fraction_of_gemm_ceiling"], p["gflops"] / p["gemm_ceiling_gflops"]), p
+    assert close(p["fraction_of_best_gemm_ceiling"], p["gflops"] / p["best_gemm_ceiling_gflops"]), p
 assert j["prefill"][1]["gflop"] > j["prefill"][0]["gflop"], j["prefill"]
 c = j["contention"]
 assert c["busy_threads"] == 1 and c["capture_seconds_quiet"] > 0 and c["capture_seconds_contended"] > 0, c

@@ -3,7 +3,7 @@
 // the same run and (host) achieved FLOP/s against the peak multiply-add rate
 // measured in the same run, and the roofline of the two (which one bounds
 // the step, and the most of the bandwidth it allows); prefill tokens/s per
-// prompt length against a GEMM ceiling measured in the same run; with
+// prompt length against a GEMM ceiling measured beside each run; with
 // --contend N, decode and capture again with N busy threads on the same
 // cores.
 //
@@ -23,6 +23,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <set>
 #include <string>
@@ -531,12 +532,12 @@ absl::Status Bench(BenchFlags f) {
   // MLP's gate|up) through the host GEMM and OpenBLAS, at the decode batches
   // and the prefill lengths: the cost of batch invariance, and the ceiling
   // prefill is measured against.
+  const int64_t gemm_width = mc.n_routed_experts > 0 ? 2 * int64_t{mc.moe_intermediate_size}
+                                                     : 2 * int64_t{mc.intermediate_size};
   auto measure_gemm = [&]() -> absl::StatusOr<std::vector<GemmCost>> {
-    const int64_t width = mc.n_routed_experts > 0 ? 2 * int64_t{mc.moe_intermediate_size}
-                                                  : 2 * int64_t{mc.intermediate_size};
     std::vector<int64_t> rows = {1, max_batch};
     rows.insert(rows.end(), f.prefill_lens.begin(), f.prefill_lens.end());
-    return MeasureGemmCost(width, mc.hidden_size, rows, /*reps=*/5);
+    return MeasureGemmCost(gemm_width, mc.hidden_size, rows, /*reps=*/5);
   };
   std::vector<GemmCost> gemm_before;
   // The arithmetic ceiling (host): the peak multiply-add rate, measured
@@ -587,14 +588,37 @@ absl::Status Bench(BenchFlags f) {
     pre.block_table = table;
     pre.sample = true;
     MLAG_RETURN_IF_ERROR(runner->Execute({&pre, 1}).status());
-    std::vector<double> ms;
+    // Host: the GEMM ceiling at this row count measured again just before
+    // each run and after the last, so that each run has one beside it (the
+    // better of the two adjacent): this machine's speed moves between
+    // phases of seconds, and a ceiling from another phase compares nothing
+    // (as the bandwidth beside each decode timing).
+    auto ceiling_now = [&]() -> absl::StatusOr<double> {
+      if (device->is_cuda()) return 0.0;
+      MLAG_ASSIGN_OR_RETURN(const std::vector<GemmCost> g,
+                            MeasureGemmCost(gemm_width, mc.hidden_size, {len}, /*reps=*/3));
+      return std::max(g[0].host_gemm_gflops, g[0].openblas_gflops);
+    };
+    std::vector<double> ms, ceilings;
     const int reps = len <= 512 ? 3 : 1;
     for (int i = 0; i < reps; ++i) {
+      MLAG_ASSIGN_OR_RETURN(ceilings.emplace_back(), ceiling_now());
       auto t0 = Clock::now();
       MLAG_RETURN_IF_ERROR(runner->Execute({&pre, 1}).status());
       ms.push_back(1e3 * SecondsSince(t0));
     }
-    prefills.push_back({len, Median(ms), PrefillFlops(mc, len)});
+    MLAG_ASSIGN_OR_RETURN(ceilings.emplace_back(), ceiling_now());
+    // The median run, and the ceiling beside it.
+    std::vector<int> order(reps);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return ms[a] < ms[b]; });
+    const int median = order[reps / 2];
+    PrefillResult& result = prefills.emplace_back();
+    result.tokens = len;
+    result.ms = ms[median];
+    result.flops = PrefillFlops(mc, len);
+    result.ceiling_beside_gflops = std::max(ceilings[median], ceilings[median + 1]);
+    result.ceiling_best_gflops = *std::max_element(ceilings.begin(), ceilings.end());
     if (f.profile && !device->is_cuda()) {
       // Where a prefill's time goes, op by op: one more run, profiled.
       MLAG_ASSIGN_OR_RETURN(prefills.back().profile_ms, ProfileSteps(*runner, {&pre, 1}, 1));

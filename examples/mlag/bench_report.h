@@ -67,6 +67,12 @@ struct PrefillResult {
   int tokens = 0;
   double ms = 0;
   double flops = 0;  // PrefillFlops: the work of the forms the engine computes
+  // Host: the GEMM ceiling at `tokens` rows (the better of the host GEMM and
+  // OpenBLAS on the model's projection), measured just before and just
+  // after the reported run, the better of the two; and the best of every
+  // such measurement of this length. 0 on CUDA.
+  double ceiling_beside_gflops = 0;
+  double ceiling_best_gflops = 0;
   // Host, --profile: ms of one run by op (layers folded), largest first.
   std::vector<std::pair<std::string, double>> profile_ms;
 };
