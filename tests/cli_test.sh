@@ -184,6 +184,18 @@ for d in j["decode"]:
     assert close(d["max_fraction_of_bandwidth"], mem / roof), d
     assert d["fraction_of_roofline"] > 0, d
     assert close(d["fraction_of_roofline"] * d["max_fraction_of_bandwidth"], d["fraction_of_bandwidth"]), d
+    # By parts: routed experts, attention, the rest, each the longer of its
+    # bytes and arithmetic; a sum of maxima is at least the max of the sums.
+    bw, peak = d["bandwidth_gb_s"], j["machine"]["peak_gflops"]
+    parts = [(d["routed_gb_per_step"], d["routed_gflop_per_step"]),
+             (d["attention_gb_per_step"], d["attention_gflop_per_step"])]
+    parts.append((d["bytes_per_step"] / 1e9 - sum(p[0] for p in parts),
+                  d["gflop_per_step"] - sum(p[1] for p in parts)))
+    assert all(gb >= 0 and gf >= 0 for gb, gf in parts), (d, parts)
+    assert d["routed_gb_per_step"] > 0 and d["routed_gflop_per_step"] > 0, d
+    assert close(d["parts_roofline_ms"], sum(1e3 * max(gb / bw, gf / peak) for gb, gf in parts)), (d, parts)
+    assert d["parts_roofline_ms"] >= d["roofline_ms"] * (1 - 1e-12), d
+    assert close(d["fraction_of_parts_roofline"], d["parts_roofline_ms"] / d["graph_ms"]), d
     assert d["contended_graph_ms"] > 0 and d["contended_vs_uncontended"] > 0, d
     ops = {o["op"]: o["ms_per_step"] for o in d["profile"]}
     assert "layers.*.moe.experts" in ops and "lm_head" in ops, sorted(ops)

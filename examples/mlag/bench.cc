@@ -128,6 +128,19 @@ double ProjectionMacsPerToken(const ModelConfig& c) {
   return macs;
 }
 
+// Multiply-adds per token of the routed experts it is routed to (top-k),
+// every MoE layer: the part of ProjectionMacsPerToken that a step's routed
+// experts do.
+double RoutedExpertMacsPerToken(const ModelConfig& c) {
+  double macs = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.IsMoeLayer(l)) {
+      macs += 3.0 * c.hidden_size * c.moe_intermediate_size * c.num_experts_per_tok;
+    }
+  }
+  return macs;
+}
+
 // Attention multiply-adds of one query over `keys` cached tokens, every
 // layer: scores over the kv_lora + rope dimensions, values over kv_lora.
 double AttentionMacs(const ModelConfig& c, double keys) {
@@ -442,6 +455,7 @@ absl::Status Bench(BenchFlags f) {
     r.batch = b;
     r.flops = DecodeFlops(mc, b, f.context_len);
     r.attention_flops = DecodeAttentionFlops(mc, b, f.context_len);
+    r.routed_flops = 2.0 * b * RoutedExpertMacsPerToken(mc);
     // The ceiling beside this timing: the better of one taken just before
     // and one just after, so that both figures come from the same phase of
     // a machine whose bandwidth moves.
@@ -493,8 +507,9 @@ absl::Status Bench(BenchFlags f) {
       r.experts_touched +=
           static_cast<int>(std::set<int32_t>(layer.begin(), layer.begin() + real).size());
     }
-    r.bytes = fixed_bytes + r.experts_touched * static_cast<double>(wb.routed_expert) +
-              r.batch * row_bytes + r.batch * (f.context_len + 1) * kv_token_bytes;
+    r.routed_bytes = r.experts_touched * static_cast<double>(wb.routed_expert);
+    r.attention_bytes = r.batch * (f.context_len + 1) * kv_token_bytes;
+    r.bytes = fixed_bytes + r.routed_bytes + r.batch * row_bytes + r.attention_bytes;
     if (f.profile && !device->is_cuda()) {
       MLAG_ASSIGN_OR_RETURN(r.profile_ms, ProfileSteps(*runner, batch.seqs, f.steps));
     }

@@ -37,6 +37,10 @@ struct DecodeResult {
   double bytes = 0;               // per step
   double flops = 0;               // per step: DecodeFlops, the arithmetic the engine computes
   double attention_flops = 0;     // the part of it in the attention over the cache (attn.mla)
+  // The parts of bytes and flops in the routed experts (those the batch
+  // routes to; its rows' top-k) and of bytes in the attention (the KV cache
+  // read): the phases of the step's roofline by parts (host).
+  double routed_bytes = 0, routed_flops = 0, attention_bytes = 0;
   // The bandwidth ceiling beside the graph timing: the better of one
   // measurement just before it and one just after.
   double bandwidth_bytes_per_second = 0;
