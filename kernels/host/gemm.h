@@ -20,10 +20,11 @@
 // row-major), so each output's order is fixed.
 //
 // Memory traffic: w is read from memory once per panel of kGemmPanelRows rows
-// of x (a slice of w is reused from L1 for every block of rows, and the next
-// slice is fetched meanwhile; an fp8 slice is converted to f32 once for all
-// the blocks), so a decode step streams its weights once at any batch up to
-// the panel, in one sequential stream per packed group.
+// of x (packed fp8: four times that; a slice of w is reused from L1 for
+// every block of rows, and the next slice is fetched meanwhile; an fp8 slice
+// is converted to f32 once for all the blocks), so a decode step streams its
+// weights once at any batch up to the panel, in one sequential stream per
+// packed group.
 //
 // Conversion: the packed layout interleaves rows so that one vector load
 // converts with plain shifts and masks (no shuffles): a bf16 is the top half
