@@ -239,8 +239,9 @@ TEST(GemmTest, MatchesReferenceAndIsIndependentOfBatchAndDtype) {
   SCOPED_TRACE(host::GemmIsa());
   const int64_t g = host::kGemmGroupRows;
   // 300 (and for fp8, 131): more than one of the long chunks that panels of
-  // 48 rows or more take on AVX2 and SSE2, multiplied part-major (256
-  // elements of f32 and bf16, 128 of converted fp8), and a tail.
+  // many rows take on AVX2 and SSE2 (kLongChunkRows: f32 from 16 rows, fp8
+  // from 32, bf16 from 40), multiplied part-major (256 elements of f32 and
+  // bf16, 128 of converted fp8), and a tail.
   for (int64_t k : {1, 5, 16, 31, 100, 131, 300}) {
     for (int64_t n : {1, 3, 9, 37, 64, 67, 130}) {
       // 3, 4, 7, 8, 9, 13: the rows AVX2 leaves after its blocks of many
