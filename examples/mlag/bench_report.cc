@@ -129,7 +129,7 @@ void PrintBenchJson(const BenchReport& r) {
                   {"read_sum_gb_s", r.bandwidth.read_sum_bytes_per_second / 1e9},
                   {"gemv_gb_s", r.bandwidth.gemv_bytes_per_second / 1e9},
                   {"bandwidth_buffer_bytes", r.bandwidth.bytes},
-                  {"bandwidth_huge_pages", r.bandwidth.huge_pages}};
+                  {"bandwidth_huge_page_share", r.bandwidth.huge_page_share}};
   if (!r.is_cuda) {
     j["machine"]["host_isa"] = host::GemmIsa();
     j["machine"]["openblas_core"] = OpenblasCore();
@@ -309,9 +309,9 @@ void PrintBenchText(const BenchReport& r) {
                 hi->bandwidth_bytes_per_second / 1e9);
   }
   if (!r.is_cuda) {
-    std::printf(
-        "; reads %.2f GB/s, matrix-vector %.2f GB/s%s", r.bandwidth.read_sum_bytes_per_second / 1e9,
-        r.bandwidth.gemv_bytes_per_second / 1e9, r.bandwidth.huge_pages ? ", huge pages" : "");
+    std::printf("; reads %.2f GB/s, matrix-vector %.2f GB/s, %.0f%% on huge pages",
+                r.bandwidth.read_sum_bytes_per_second / 1e9,
+                r.bandwidth.gemv_bytes_per_second / 1e9, 100.0 * r.bandwidth.huge_page_share);
   }
   std::printf(")\n");
   if (!r.is_cuda) {

@@ -18,7 +18,7 @@ struct BandwidthMeasurement {
   double read_sum_bytes_per_second = 0.0;  // host: best parallel read-sum
   double gemv_bytes_per_second = 0.0;      // host: Linear at one row over the buffer
   size_t bytes = 0;                        // buffer size
-  bool huge_pages = false;                 // host: the buffer was advised onto huge pages
+  double huge_page_share = 0.0;            // host: the share of the buffer on huge pages
   const char* method = "";                 // the method that gave the ceiling
 };
 
@@ -34,6 +34,15 @@ class MemoryBandwidthProbe {
   // The measurement MeasureMemoryBandwidth describes, best of `reps`.
   absl::StatusOr<BandwidthMeasurement> Measure(int reps);
 
+  // The buffer the probe reads, for comparing another reader with the probe
+  // over the same memory. On 4 KiB pages two buffers of one size can stream
+  // at speeds up to 20% apart (measured on a virtual machine: the physical
+  // pages each one gets), so a comparison across buffers measures their
+  // pages, not the readers. What the buffer holds does not matter to the
+  // probe's time; a caller may overwrite it.
+  void* data() const { return buffer_.data(); }
+  size_t bytes() const { return bytes_; }
+
  private:
   MemoryBandwidthProbe() = default;
 
@@ -45,7 +54,7 @@ class MemoryBandwidthProbe {
   LinearWeight weight_;             // host: the buffer as a packed [rows, 2048] weight
   LinearWeight bf16_weight_;        // host: the same bytes as packed bf16 weights
   std::vector<float> x_, y_, partial_;
-  bool huge_pages_ = false;
+  double huge_page_share_ = 0.0;
 };
 
 // Host: the best of several ways to read a `bytes` buffer (on huge pages
@@ -58,5 +67,11 @@ class MemoryBandwidthProbe {
 // larger than the last-level cache.
 absl::StatusOr<BandwidthMeasurement> MeasureMemoryBandwidth(Device& device, size_t bytes,
                                                             int reps = 5);
+
+// The share (0 to 1) of [data, data + bytes) that Linux holds on transparent
+// huge pages, from /proc/self/smaps: advice (MADV_HUGEPAGE) is not a promise,
+// and a system whose huge pages are used up or disabled falls back to
+// 4 KiB pages, which stream slower and unevenly. 0 where smaps cannot be read.
+double HugePageShare(const void* data, size_t bytes);
 
 }  // namespace mlag
