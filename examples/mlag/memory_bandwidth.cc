@@ -1,8 +1,5 @@
 #include "examples/mlag/memory_bandwidth.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -127,17 +124,8 @@ absl::StatusOr<std::unique_ptr<MemoryBandwidthProbe>> MemoryBandwidthProbe::Crea
   float* data = static_cast<float*>(p->buffer_.data());
   const int64_t n = static_cast<int64_t>(bytes / sizeof(float));
   const int threads = host::NumThreads();
-#ifdef MADV_HUGEPAGE
-  // Huge pages where the system gives them (transparent huge pages in
-  // "madvise" mode or better), before the first touch: fewer TLB misses on a
-  // stream, as a model's weights can have. A hint; without it, 4 KiB pages.
-  {
-    constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-    const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) / kHuge * kHuge;
-    const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) / kHuge * kHuge;
-    if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-  }
-#endif
+  // Device::Allocate advises a buffer this large onto huge pages, as it
+  // does the model's weights; HugePageShare below reports what it got.
   // First touch from the threads that will read, as the weights are filled.
   host::ParallelFor(threads, [&](int64_t t) {
     const int64_t b = n * t / threads, e = n * (t + 1) / threads;
