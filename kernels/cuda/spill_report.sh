@@ -13,15 +13,29 @@ command -v "$NVCC" >/dev/null 2>&1 || NVCC=/usr/local/cuda/bin/nvcc
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 # A minimal config header for the standalone compile.
 printf '#pragma once\n#define MLAG_HAVE_CUDA 1\n' >"$tmp/mlag_config.h"
+# Compile every file at every architecture, as many at once as there are
+# cores (each nvcc is single-threaded), then read the logs in order.
+jobs=()
+for cu in "$root"/kernels/cuda/*.cu; do
+  for arch in "${archs[@]}"; do jobs+=("$cu" "$arch"); done
+done
+compile_one() {
+  local cu="$1" arch="$2" name
+  name=$(basename "$cu" .cu)
+  "$NVCC" -std=c++17 --expt-relaxed-constexpr -I"$root" -I"$tmp" \
+    -gencode=arch=compute_${arch},code=sm_${arch} -Xptxas -v -c "$cu" -o "$tmp/$name.$arch.o" \
+    >"$tmp/$name.$arch.log" 2>&1 || echo "$cu" >>"$tmp/failed.$name.$arch"
+}
+export -f compile_one
+export NVCC root tmp
+printf '%s\0' "${jobs[@]}" | xargs -0 -n 2 -P "$(nproc)" bash -c 'compile_one "$@"' _
 status=0
 printf '%-44s %-6s %5s %12s %11s %s\n' "kernel" "arch" "regs" "spill stores" "spill loads" "file"
 for cu in "$root"/kernels/cuda/*.cu; do
   name=$(basename "$cu" .cu)
   for arch in "${archs[@]}"; do
     log="$tmp/$name.$arch.log"
-    if ! "$NVCC" -std=c++17 --expt-relaxed-constexpr -I"$root" -I"$tmp" \
-        -gencode=arch=compute_${arch},code=sm_${arch} -Xptxas -v -c "$cu" -o "$tmp/$name.o" \
-        >"$log" 2>&1; then
+    if [ -e "$tmp/failed.$name.$arch" ]; then
       echo "compile failed: $cu"; cat "$log"; exit 1
     fi
     # ptxas prints, per entry: "Compiling entry function 'X'", then a line

@@ -24,6 +24,23 @@ namespace {
 // once: exactly Fp8Dequantize.
 constexpr float kFp8Unbias = 0x1p120f;
 
+// The kernels' building blocks (gemm_kernel.inc) are forced inline: their
+// register blocking and constant trip counts exist only once inlined into
+// the loops that call them. Under AddressSanitizer, a test build where their
+// speed does not matter, the compiler chooses instead: forced and
+// instrumented, the AVX2 panels alone came to 2 MB of code, and this file
+// to over two minutes of CI's sanitizer build.
+#if defined(__SANITIZE_ADDRESS__)
+#define MLAG_GEMM_BLOCK_INLINE inline
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MLAG_GEMM_BLOCK_INLINE inline
+#endif
+#endif
+#ifndef MLAG_GEMM_BLOCK_INLINE
+#define MLAG_GEMM_BLOCK_INLINE __attribute__((always_inline)) inline
+#endif
+
 // GNU vectors of N elements of T.
 template <typename T, int N>
 struct Vec {
