@@ -127,9 +127,9 @@ constexpr int kRowBlock = 4, kColBlock = 2, kRowBlockFp8 = 3;
 // kSlabManyRows rows a block (blocks from L1, arithmetic-bound): f32 6 x 2 (12
 // accumulators, 2 w vectors, the x broadcast: 2 x 4's 8 chains are too few
 // to hide the FMA latency, and it loads w once per 2 FMAs instead of once
-// per 1.3), bf16 5 x 2 (its conversion takes a register), fp8 2 x 4 (its
-// conversion takes several; from 5 rows fp8 is converted to f32 once per
-// chunk and multiplied as f32). On a 2-core Zen 4 capped to AVX2, f32
+// per 1.3), bf16 and fp8 5 x 2 (their conversion takes registers; from 11
+// rows fp8 is converted to f32 once per chunk and multiplied as f32). On a
+// 2-core Zen 4 capped to AVX2, f32
 // [512 x 2048] x [2048 x 7168]: 93 GFLOP/s with 2 x 4, 179 with 6 x 2
 // (OpenBLAS's Haswell kernel: 188).
 template <DType>
@@ -137,21 +137,20 @@ constexpr SlabBlocking kSlabBlockingOne = {1, 8};
 template <DType>
 constexpr SlabBlocking kSlabBlocking = {2, 4};
 template <DType kW>
-constexpr SlabBlocking kSlabBlockingMany = kW == DType::kF32    ? SlabBlocking{6, 2}
-                                           : kW == DType::kBF16 ? SlabBlocking{5, 2}
-                                                                : SlabBlocking{2, 4};
+constexpr SlabBlocking kSlabBlockingMany =
+    kW == DType::kF32 ? SlabBlocking{6, 2} : SlabBlocking{5, 2};
 constexpr int kSlabManyRows = 5;
 // The r rows left after those blocks (and a panel of 2 to 4 rows), in one
-// block that converts each weight once: 1 x 8, 2 x 4, 3 x 2, 4 x 2, 5 x 2;
-// fp8, whose conversion takes registers, 2 x 4 blocks (1 x 8 alone). Before,
+// block that converts each weight once: 1 x 8, 2 x 4, 3 x 2, 4 x 2, 5 x 2
+// (fp8 too, since its vectors load one by one: see kFp8ByteLoads). Before,
 // every leftover ran 2 x 4: 3 rows as 1 + 2 (the one row's 4 chains cannot
 // hide the FMA latency, and each block converts the weights again). 3 x 4
 // would not fit: GCC kept 3 of its 12 accumulators on the stack, chains
 // through memory.
 template <DType kW, int kR>
-constexpr SlabBlocking kSlabBlockingLeft = kR == 1                           ? SlabBlocking{1, 8}
-                                           : kR == 2 || kW == DType::kF8E4M3 ? SlabBlocking{2, 4}
-                                                                             : SlabBlocking{kR, 2};
+constexpr SlabBlocking kSlabBlockingLeft = kR == 1   ? SlabBlocking{1, 8}
+                                           : kR == 2 ? SlabBlocking{2, 4}
+                                                     : SlabBlocking{kR, 2};
 // GemmNNAccumulate: 6 rows x 2 vectors, 12 chains (2 x 4's 8 cannot hide the
 // FMA latency), as the packed blocks of many rows.
 constexpr int kAccRows = 6, kAccVectors = 2;
