@@ -216,13 +216,15 @@ absl::StatusOr<double> TimeSteps(ModelRunner& runner, const DecodeBatch& batch, 
 // Graph replay and eager steps of `batch`, alternately, `steps` of each
 // (after two of each to warm up): medians in ms, {graph, eager}. Alternate,
 // so that a machine whose bandwidth moves between phases times both in the
-// same phases.
+// same phases, and in pairs that start with each in turn (graph, eager,
+// eager, graph, ...), so that neither always runs after the other.
 absl::StatusOr<std::pair<double, double>> TimeGraphAndEager(ModelRunner& runner,
                                                             const DecodeBatch& batch, int steps) {
   std::vector<double> graph_ms, eager_ms;
   absl::Status status;
   for (int i = 0; i < steps + 2 && status.ok(); ++i) {
-    for (bool graphs : {true, false}) {
+    for (int turn = 0; turn < 2; ++turn) {
+      const bool graphs = (turn == 0) == (i % 2 == 0);  // graph first in even pairs
       runner.set_graphs_enabled(graphs);
       auto t0 = Clock::now();
       status = runner.Execute(batch.seqs).status();
