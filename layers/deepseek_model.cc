@@ -220,6 +220,16 @@ size_t DeepseekModel::weight_bytes() const {
   return bytes;
 }
 
+double DeepseekModel::weight_huge_page_share() const {
+  const size_t total = weight_bytes();
+  if (total == 0 || device_->is_cuda()) return 0.0;
+  double huge = arena_.huge_page_bytes();
+  for (const auto& moe : moes_) {
+    if (moe) huge += moe->expert_huge_page_bytes();
+  }
+  return std::min(1.0, huge / static_cast<double>(total));
+}
+
 std::map<DType, size_t> DeepseekModel::weight_bytes_by_dtype() const {
   std::map<DType, size_t> bytes = arena_.bytes_by_dtype();
   for (const auto& moe : moes_) {

@@ -130,6 +130,11 @@ class DeepseekModel {
   size_t activation_bytes() const { return workspace_.capacity() + decode_workspace_.bytes(); }
   // Bytes of weights by dtype (fp8 scales count as f32).
   std::map<DType, size_t> weight_bytes_by_dtype() const;
+  // Host: the share (0 to 1) of weight_bytes() that Linux holds on
+  // transparent huge pages. Weights on 4 KiB pages stream slower (TLB misses,
+  // prefetchers stopped at every page): what mlag bench shows beside the
+  // bandwidth probe's own share.
+  double weight_huge_page_share() const;
 
  private:
   DeepseekModel(const ModelConfig& config, Device* device, const ModelOptions& options);

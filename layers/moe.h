@@ -65,6 +65,11 @@ class Moe {
   // Bytes of the routed-expert buffers this block holds (owned here, not in
   // the model's weight arena).
   size_t expert_buffer_bytes() const { return experts_.buffer.bytes(); }
+  // Host: the routed experts' bytes on huge pages (Device::HostHugePageShare).
+  double expert_huge_page_bytes() const {
+    return Device::HostHugePageShare(experts_.buffer.data(), experts_.buffer.bytes()) *
+           static_cast<double>(experts_.buffer.bytes());
+  }
 
   const std::vector<int>& local_experts() const { return local_experts_; }
   // The routed experts' dtype (their fp8 scales aside).

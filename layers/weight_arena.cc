@@ -239,6 +239,14 @@ absl::StatusOr<Tensor> WeightArena::AllocateImpl(std::initializer_list<int64_t> 
   return t;
 }
 
+double WeightArena::huge_page_bytes() const {
+  double bytes = 0.0;
+  for (const Buffer& buf : buffers_) {
+    bytes += Device::HostHugePageShare(buf.data(), buf.bytes()) * static_cast<double>(buf.bytes());
+  }
+  return bytes;
+}
+
 absl::StatusOr<Tensor> WeightArena::Load(WeightSource& source, const std::string& name,
                                          std::initializer_list<int64_t> shape) {
   MLAG_ASSIGN_OR_RETURN(Tensor t, AllocateImpl(shape, DType::kF32, /*zero=*/false));

@@ -107,6 +107,8 @@ class WeightArena {
   // Bytes of parameters held, in all and by dtype (fp8 scales count as f32).
   size_t bytes() const { return bytes_; }
   const std::map<DType, size_t>& bytes_by_dtype() const { return bytes_by_dtype_; }
+  // Host: the bytes of its buffers on huge pages (Device::HostHugePageShare).
+  double huge_page_bytes() const;
 
  private:
   absl::StatusOr<Tensor> AllocateImpl(std::initializer_list<int64_t> shape, DType dtype, bool zero);

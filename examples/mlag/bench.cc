@@ -652,6 +652,7 @@ absl::Status Bench(BenchFlags f) {
   report.config = mc;
   report.weight_bytes = wb.total;
   report.weight_bytes_by_dtype = runner->model().weight_bytes_by_dtype();
+  report.weight_huge_page_share = runner->model().weight_huge_page_share();
   report.kv_dtype = rc.kv_dtype;
   report.weight_format = rc.weight_format;
   report.weight_dtype_defaulted = weight_dtype_defaulted;

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "absl/strings/str_format.h"
 #include "kernels/host/gemm.h"
 #include "nlohmann/json.hpp"
 
@@ -150,7 +151,8 @@ void PrintBenchJson(const BenchReport& r) {
                 {"top_k", r.config.num_experts_per_tok},
                 {"kv_lora_rank", r.config.kv_lora_rank},
                 {"qk_rope_head_dim", r.config.qk_rope_head_dim},
-                {"weight_bytes", r.weight_bytes}};
+                {"weight_bytes", r.weight_bytes},
+                {"weight_huge_page_share", r.weight_huge_page_share}};
   j["kv_cache_dtype"] = DTypeName(r.kv_dtype);
   j["weight_dtype"] = WeightFormatName(r.weight_format);
   j["weight_dtype_defaulted"] = r.weight_dtype_defaulted;
@@ -329,11 +331,14 @@ void PrintBenchText(const BenchReport& r) {
   }
   std::printf(
       "model: %s: %d layers, hidden %d, %d heads, %d routed experts top-%d, "
-      "%.2f GB of weights (--weight-dtype %s%s)\n",
+      "%.2f GB of weights (--weight-dtype %s%s)%s\n",
       r.model.c_str(), r.config.num_hidden_layers, r.config.hidden_size,
       r.config.num_attention_heads, r.config.n_routed_experts, r.config.num_experts_per_tok,
       r.weight_bytes / 1e9, std::string(WeightFormatName(r.weight_format)).c_str(),
-      r.weight_dtype_defaulted ? ": bench's default on CUDA; pass --weight-dtype to change" : "");
+      r.weight_dtype_defaulted ? ": bench's default on CUDA; pass --weight-dtype to change" : "",
+      r.is_cuda
+          ? ""
+          : absl::StrFormat(", %.0f%% on huge pages", 100.0 * r.weight_huge_page_share).c_str());
   std::printf(
       "decode at context %d (%s cache), median of %d steps; built in %.1f s, %zu graphs "
       "captured in %.3f s after a %.3f s warm-up\n\n",

@@ -106,6 +106,7 @@ struct BenchReport {
   ModelConfig config;
   size_t weight_bytes = 0;
   std::map<DType, size_t> weight_bytes_by_dtype;
+  double weight_huge_page_share = 0.0;  // host: the share of weight_bytes on huge pages
   DType kv_dtype = DType::kF32;
   WeightFormat weight_format = WeightFormat::kAuto;
   int context_len = 0;

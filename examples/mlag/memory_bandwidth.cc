@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -125,13 +124,13 @@ absl::StatusOr<std::unique_ptr<MemoryBandwidthProbe>> MemoryBandwidthProbe::Crea
   const int64_t n = static_cast<int64_t>(bytes / sizeof(float));
   const int threads = host::NumThreads();
   // Device::Allocate advises a buffer this large onto huge pages, as it
-  // does the model's weights; HugePageShare below reports what it got.
+  // does the model's weights; Device::HostHugePageShare reports what it got.
   // First touch from the threads that will read, as the weights are filled.
   host::ParallelFor(threads, [&](int64_t t) {
     const int64_t b = n * t / threads, e = n * (t + 1) / threads;
     for (int64_t i = b; i < e; ++i) data[i] = 1.0f;
   });
-  p->huge_page_share_ = HugePageShare(data, bytes);
+  p->huge_page_share_ = Device::HostHugePageShare(data, bytes);
   p->partial_.resize(threads);
   // The matrix-vector product streams the buffer as the model's weights are
   // streamed: packed by PackForLinear.
@@ -233,33 +232,6 @@ absl::StatusOr<BandwidthMeasurement> MemoryBandwidthProbe::Measure(int reps) {
   m.huge_page_share = huge_page_share_;
   m.method = sum_bps >= gemv_bps ? best_read : best_gemv;
   return m;
-}
-
-double HugePageShare(const void* data, size_t bytes) {
-  // smaps lists each mapping as a "start-end perms ..." line followed by
-  // "Key: value kB" lines; AnonHugePages counts the mapping's anonymous
-  // memory on huge pages, which the buffer is assumed to hold evenly where it
-  // covers only part of a mapping.
-  std::ifstream smaps("/proc/self/smaps");
-  if (!smaps || bytes == 0) return 0.0;
-  const uintptr_t lo = reinterpret_cast<uintptr_t>(data), hi = lo + bytes;
-  double huge_bytes = 0.0;
-  uintptr_t start = 0, end = 0;
-  std::string line;
-  while (std::getline(smaps, line)) {
-    unsigned long long a = 0, b = 0, kib = 0;
-    if (std::sscanf(line.c_str(), "%llx-%llx ", &a, &b) == 2 && line.find('-') < line.find(' ')) {
-      start = static_cast<uintptr_t>(a), end = static_cast<uintptr_t>(b);
-    } else if (std::sscanf(line.c_str(), "AnonHugePages: %llu kB", &kib) == 1 && end > start) {
-      const uintptr_t overlap_lo = std::max(lo, start), overlap_hi = std::min(hi, end);
-      if (overlap_hi > overlap_lo) {
-        huge_bytes += static_cast<double>(kib) * 1024.0 *
-                      static_cast<double>(overlap_hi - overlap_lo) /
-                      static_cast<double>(end - start);
-      }
-    }
-  }
-  return std::min(1.0, huge_bytes / static_cast<double>(bytes));
 }
 
 absl::StatusOr<BandwidthMeasurement> MeasureMemoryBandwidth(Device& device, size_t bytes,

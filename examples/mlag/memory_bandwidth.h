@@ -68,10 +68,4 @@ class MemoryBandwidthProbe {
 absl::StatusOr<BandwidthMeasurement> MeasureMemoryBandwidth(Device& device, size_t bytes,
                                                             int reps = 5);
 
-// The share (0 to 1) of [data, data + bytes) that Linux holds on transparent
-// huge pages, from /proc/self/smaps: advice (MADV_HUGEPAGE) is not a promise,
-// and a system whose huge pages are used up or disabled falls back to
-// 4 KiB pages, which stream slower and unevenly. 0 where smaps cannot be read.
-double HugePageShare(const void* data, size_t bytes);
-
 }  // namespace mlag

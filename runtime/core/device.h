@@ -51,7 +51,7 @@ class Buffer {
   size_t bytes_ = 0;
   DeviceKind kind_ = DeviceKind::kHost;
   bool pinned_ = false;  // page-locked host memory (cudaMallocHost)
-  // Host memory from mmap (AllocateZeroed): the mapping to unmap.
+  // Host memory from mmap (Device::MapHostPages): the mapping to unmap.
   void* mapping_ = nullptr;
   size_t mapping_bytes_ = 0;
   int cuda_index_ = -1;
@@ -95,13 +95,23 @@ class Device {
 
   // Allocates `bytes` (64-byte aligned on the host). Zero bytes gives an empty
   // buffer. Fails with FailedPrecondition during a graph capture on this device.
+  // Host buffers of 4 MiB or more come straight from the kernel (a fresh
+  // anonymous mapping, never pages malloc touched before), aligned on and
+  // advised onto 2 MiB transparent huge pages.
   absl::StatusOr<Buffer> Allocate(size_t bytes);
 
-  // Allocate, zero-filled. Large host buffers come straight from the kernel
-  // (anonymous mmap): their pages are zero already and are touched only when
-  // first used, so a large KV pool costs no start-up time and no memory for
-  // the blocks no request reaches. On CUDA: Allocate, then Zero.
+  // Allocate, zero-filled. Large host buffers' fresh pages are zero already
+  // and are touched only when first used, so a large KV pool costs no
+  // start-up time and no memory for the blocks no request reaches. On CUDA:
+  // Allocate, then Zero.
   absl::StatusOr<Buffer> AllocateZeroed(size_t bytes);
+
+  // The share (0 to 1) of host memory [data, data + bytes) that Linux holds
+  // on transparent huge pages, from /proc/self/smaps: advice (MADV_HUGEPAGE)
+  // is not a promise, and a system whose huge pages are used up or disabled
+  // falls back to 4 KiB pages, which stream slower and unevenly. Counts
+  // touched pages only. 0 where smaps cannot be read.
+  static double HostHugePageShare(const void* data, size_t bytes);
 
   // Host memory for staging copies to and from this device: page-locked on
   // CUDA (so Stream::CopyFromHost / CopyToHost run asynchronously from it),
@@ -125,6 +135,11 @@ class Device {
 
  private:
   Device(DeviceKind kind, int index) : kind_(kind), index_(index) {}
+  // FailedPrecondition naming the allocation while a capture is in flight.
+  absl::Status RefuseAllocationDuringCapture(size_t bytes) const;
+  // A host buffer of `bytes` on a fresh anonymous mapping (zero-filled),
+  // aligned on and advised onto huge pages.
+  static absl::StatusOr<Buffer> MapHostPages(size_t bytes);
 
   DeviceKind kind_;
   int index_;
