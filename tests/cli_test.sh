@@ -228,6 +228,7 @@ for p in j["prefill"]:
 assert j["prefill"][1]["gflop"] > j["prefill"][0]["gflop"], j["prefill"]
 c = j["contention"]
 assert c["busy_threads"] == 1 and c["capture_seconds_quiet"] > 0 and c["capture_seconds_contended"] > 0, c
+assert 0 <= m["weight_huge_page_share"] <= 1 and 0 <= j["machine"]["bandwidth_huge_page_share"] <= 1, (m, j["machine"])
 for k in ("build_seconds", "capture_seconds", "warmup_seconds", "weight_dtype", "weight_bytes_by_dtype", "kv_cache_dtype"):
     assert k in j, k
 PY
