@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Fails when a tracked C, C++ or CUDA source differs from .clang-format's
-# style, listing the files. Skipped (exit 77) without clang-format or
-# outside a git checkout. Fix with:
-#   git ls-files '*.cc' '*.h' '*.cu' '*.cuh' '*.c' | xargs clang-format -i
+# Fails when a tracked C, C++ or CUDA source (headers and included .inc
+# files too) differs from .clang-format's style, listing the files.
+# Skipped (exit 77) without clang-format or outside a git checkout. Fix with:
+#   git ls-files '*.cc' '*.h' '*.inc' '*.cu' '*.cuh' '*.c' | xargs clang-format -i
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v clang-format >/dev/null; then
   echo "format skipped: no clang-format"; exit 77
 fi
-if ! files=$(git ls-files '*.cc' '*.h' '*.cu' '*.cuh' '*.c' 2>/dev/null) || [ -z "$files" ]; then
+if ! files=$(git ls-files '*.cc' '*.h' '*.inc' '*.cu' '*.cuh' '*.c' 2>/dev/null) || [ -z "$files" ]; then
   echo "format skipped: not a git checkout"; exit 77
 fi
 clang-format --version
