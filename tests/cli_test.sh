@@ -169,6 +169,9 @@ for d in j["decode"]:
     # best is taken over.
     assert 0 < d["bandwidth_gb_s"] <= j["machine"]["bandwidth_gb_s"], (d, j["machine"])
     assert 0 < d["fraction_of_best_bandwidth"] <= d["fraction_of_bandwidth"], d
+    # Each timed step against the bandwidth of its own phase (host).
+    assert d["fraction_of_paired_bandwidth"] > 0, d
+    assert d["probe_defect"] == (d["achieved_gb_s"] > d["bandwidth_gb_s"] or d["fraction_of_paired_bandwidth"] > 1), d
     # The arithmetic (more per step at batch 8 than at 1, below): a host
     # step runs below the peak multiply-add rate measured beside it.
     assert d["gflop_per_step"] > 0 and 0 < d["fraction_of_peak"] < 1, d

@@ -217,12 +217,26 @@ absl::StatusOr<double> TimeSteps(ModelRunner& runner, const DecodeBatch& batch, 
 // (after two of each to warm up): medians in ms, {graph, eager}. Alternate,
 // so that a machine whose bandwidth moves between phases times both in the
 // same phases, and in pairs that start with each in turn (graph, eager,
-// eager, graph, ...), so that neither always runs after the other.
-absl::StatusOr<std::pair<double, double>> TimeGraphAndEager(ModelRunner& runner,
-                                                            const DecodeBatch& batch, int steps) {
+// eager, graph, ...), so that neither always runs after the other. With a
+// `probe`, the bandwidth is also measured (one repetition of each method)
+// before the first timed pair and after each: `paired` gets each timed graph
+// step's ms with the better of the measurements just before and just after
+// its pair, the ceiling of the phase the step ran in.
+absl::StatusOr<std::pair<double, double>> TimeGraphAndEager(
+    ModelRunner& runner, const DecodeBatch& batch, int steps, MemoryBandwidthProbe* probe = nullptr,
+    std::vector<std::pair<double, double>>* paired = nullptr) {
   std::vector<double> graph_ms, eager_ms;
   absl::Status status;
+  // One repetition of the probe's methods; 0 (and `status` set) on failure.
+  auto sample = [&]() {
+    absl::StatusOr<BandwidthMeasurement> m = probe->Measure(/*reps=*/1);
+    if (!m.ok()) status = m.status();
+    return m.ok() ? m->bytes_per_second : 0.0;
+  };
+  double sample_before = 0.0;
   for (int i = 0; i < steps + 2 && status.ok(); ++i) {
+    if (probe != nullptr && i == 2) sample_before = sample();
+    double pair_graph_ms = 0.0;
     for (int turn = 0; turn < 2; ++turn) {
       const bool graphs = (turn == 0) == (i % 2 == 0);  // graph first in even pairs
       runner.set_graphs_enabled(graphs);
@@ -231,6 +245,12 @@ absl::StatusOr<std::pair<double, double>> TimeGraphAndEager(ModelRunner& runner,
       if (!status.ok()) break;
       const double ms = 1e3 * std::chrono::duration<double>(Clock::now() - t0).count();
       if (i >= 2) (graphs ? graph_ms : eager_ms).push_back(ms);
+      if (graphs) pair_graph_ms = ms;
+    }
+    if (probe != nullptr && i >= 2 && status.ok()) {
+      const double sample_after = sample();
+      paired->emplace_back(pair_graph_ms, std::max(sample_before, sample_after));
+      sample_before = sample_after;
     }
   }
   runner.set_graphs_enabled(true);
@@ -462,8 +482,10 @@ absl::Status Bench(BenchFlags f) {
     // and one just after, so that both figures come from the same phase of
     // a machine whose bandwidth moves.
     MLAG_ASSIGN_OR_RETURN(const BandwidthMeasurement beside_before, probe->Measure(kBesideReps));
-    MLAG_ASSIGN_OR_RETURN(std::tie(r.graph_ms, r.eager_ms),
-                          TimeGraphAndEager(*runner, batch, f.steps));
+    MLAG_ASSIGN_OR_RETURN(
+        std::tie(r.graph_ms, r.eager_ms),
+        TimeGraphAndEager(*runner, batch, f.steps, device->is_cuda() ? nullptr : probe.get(),
+                          &r.paired_steps));
     MLAG_ASSIGN_OR_RETURN(const BandwidthMeasurement beside_after, probe->Measure(kBesideReps));
     if (f.profile && device->is_cuda()) {
       MLAG_ASSIGN_OR_RETURN(std::tie(r.replay_device_ms, r.launch_gap_us),

@@ -114,11 +114,27 @@ double MatmulPeak(const BenchReport& r, DType dtype) {
 // A step that moved its bytes faster than the bandwidth probe's ceiling
 // (beside it, or the run's best) shows the probe is too low, not that the
 // step exceeded the memory system.
+// The median over a batch's timed graph steps of each step's bytes per
+// second over the ceiling of its own phase (DecodeResult::paired_steps); 0
+// where not measured (CUDA). Robust to a phase change inside the timing,
+// which 'of bw' (the median step over the ceiling around all of them) is not.
+double PairedFractionOfBandwidth(const DecodeResult& d) {
+  std::vector<double> fractions;
+  for (const auto& [ms, bps] : d.paired_steps) {
+    if (ms > 0 && bps > 0) fractions.push_back(d.bytes / (ms / 1e3) / bps);
+  }
+  if (fractions.empty()) return 0.0;
+  std::sort(fractions.begin(), fractions.end());
+  const size_t n = fractions.size();
+  return n % 2 == 1 ? fractions[n / 2] : 0.5 * (fractions[n / 2 - 1] + fractions[n / 2]);
+}
+
 bool ProbeDefect(const BenchReport& r, const DecodeResult& d) {
   if (d.graph_ms <= 0) return false;
   const double bps = d.bytes / (d.graph_ms / 1e3);
   return (d.bandwidth_bytes_per_second > 0 && bps > d.bandwidth_bytes_per_second) ||
-         (r.bandwidth.bytes_per_second > 0 && bps > r.bandwidth.bytes_per_second);
+         (r.bandwidth.bytes_per_second > 0 && bps > r.bandwidth.bytes_per_second) ||
+         PairedFractionOfBandwidth(d) > 1.0;
 }
 
 void PrintBenchJson(const BenchReport& r) {
@@ -181,6 +197,7 @@ void PrintBenchJson(const BenchReport& r) {
          {"bandwidth_gb_s", d.bandwidth_bytes_per_second / 1e9},
          {"fraction_of_bandwidth", Ratio(gbs * 1e9, d.bandwidth_bytes_per_second)},
          {"fraction_of_best_bandwidth", Ratio(gbs * 1e9, r.bandwidth.bytes_per_second)},
+         {"fraction_of_paired_bandwidth", PairedFractionOfBandwidth(d)},
          {"probe_defect", ProbeDefect(r, d)},
          {"tokens_per_s_vs_batch1", tok_s_1 > 0 ? d.batch / (d.graph_ms / 1e3) / tok_s_1 : 0.0}});
     j["decode"].back()["gflop_per_step"] = d.flops / 1e9;
@@ -345,21 +362,22 @@ void PrintBenchText(const BenchReport& r) {
       r.context_len, std::string(DTypeName(r.kv_dtype)).c_str(), r.steps, r.build_seconds,
       r.decode.size(), r.capture_seconds, r.warmup_seconds);
   const bool roofline = r.peak_gflops > 0;
-  std::printf("%6s %10s %10s %8s %12s %12s %9s %8s %9s %7s %9s %9s %8s %8s", "batch", "graph ms",
-              "eager ms", "speedup", "graph tok/s", "eager tok/s", "vs b=1", "experts", "GB/step",
-              "GB/s", "bw GB/s", "of bw", "of best", "of peak");
+  std::printf("%6s %10s %10s %8s %12s %12s %9s %8s %9s %7s %9s %9s %8s %8s %8s", "batch",
+              "graph ms", "eager ms", "speedup", "graph tok/s", "eager tok/s", "vs b=1", "experts",
+              "GB/step", "GB/s", "bw GB/s", "of bw", "of best", "of pair", "of peak");
   if (roofline) std::printf(" %7s %7s %8s %8s", "bound", "max bw", "of roof", "of parts");
   std::printf("\n");
   for (const DecodeResult& d : r.decode) {
     const double gbs = d.bytes / (d.graph_ms / 1e3) / 1e9;
     std::printf(
         "%6d %10.2f %10.2f %7.2fx %12.1f %12.1f %8.2fx %8d %9.3f %7.2f %9.2f %8.1f%% %7.1f%% "
-        "%7.1f%%",
+        "%7.1f%% %7.1f%%",
         d.batch, d.graph_ms, d.eager_ms, d.eager_ms / d.graph_ms, d.batch / (d.graph_ms / 1e3),
         d.batch / (d.eager_ms / 1e3), tok_s_1 > 0 ? d.batch / (d.graph_ms / 1e3) / tok_s_1 : 0.0,
         d.experts_touched, d.bytes / 1e9, gbs, d.bandwidth_bytes_per_second / 1e9,
         100.0 * Ratio(gbs * 1e9, d.bandwidth_bytes_per_second),
         100.0 * Ratio(gbs * 1e9, r.bandwidth.bytes_per_second),
+        100.0 * PairedFractionOfBandwidth(d),
         100.0 * Ratio(d.flops / (d.graph_ms / 1e3) / 1e9, r.peak_gflops));
     if (const Roofline roof = RooflineOf(r, d); roofline && roof.roofline_ms > 0) {
       std::printf(" %7s %6.1f%% %7.1f%% %7.1f%%", roof.arithmetic_bound ? "arith" : "memory",
@@ -374,10 +392,11 @@ void PrintBenchText(const BenchReport& r) {
   for (const DecodeResult& d : r.decode) {
     if (!ProbeDefect(r, d)) continue;
     std::printf(
-        "probe defect: batch %d moved its bytes at %.2f GB/s, above the bandwidth probe (%.2f GB/s "
-        "beside it, %.2f GB/s at best): the ceiling is too low, so its 'of bw' reads high\n",
-        d.batch, d.bytes / (d.graph_ms / 1e3) / 1e9, d.bandwidth_bytes_per_second / 1e9,
-        r.bandwidth.bytes_per_second / 1e9);
+        "probe defect: batch %d moved its bytes at %.2f GB/s (%.0f%% of the bandwidth of its "
+        "steps' own phases), above the bandwidth probe (%.2f GB/s beside it, %.2f GB/s at best): "
+        "the ceiling is too low, so its 'of bw' reads high\n",
+        d.batch, d.bytes / (d.graph_ms / 1e3) / 1e9, 100.0 * PairedFractionOfBandwidth(d),
+        d.bandwidth_bytes_per_second / 1e9, r.bandwidth.bytes_per_second / 1e9);
   }
   // Weights on fewer huge pages than the probe's buffer stream slower than
   // the ceiling was measured at: the steps' 'of bw' then reads low for a
@@ -497,7 +516,10 @@ void PrintBenchText(const BenchReport& r) {
       "bytes/step = weights read (routed experts: those the batch routes to) + "
       "KV cache of the batch; 'of bw' = achieved / the bandwidth measured beside the timing "
       "('bw GB/s', the better of just before and just after); 'of best' = achieved / the "
-      "run's best; 'of peak' = the step's multiply-adds (each new token's projections, "
+      "run's best; 'of pair' (host) = the median over the timed steps of each step's rate / "
+      "the bandwidth measured just before and just after its own pair of steps (the ceiling "
+      "of the phase it ran in, on a machine whose bandwidth moves); 'of peak' = the step's "
+      "multiply-adds (each new token's projections, "
       "routed and shared experts, attention over its context, lm_head) per second / the peak "
       "multiply-add rate (host; 0 on CUDA); host only: 'bound' = which takes longer, moving "
       "the step's bytes at 'bw GB/s' or its multiply-adds at the peak rate (the roofline: the "

@@ -44,6 +44,12 @@ struct DecodeResult {
   // The bandwidth ceiling beside the graph timing: the better of one
   // measurement just before it and one just after.
   double bandwidth_bytes_per_second = 0;
+  // Host: each timed graph step's ms with the ceiling of its own phase (the
+  // better of one-repetition measurements just before and just after its
+  // pair of steps; TimeGraphAndEager), {ms, bytes/s}: on a machine whose
+  // bandwidth moves between phases within a batch's timing, a step is
+  // divided by the ceiling of the phase it ran in (PairedFractionOfBandwidth).
+  std::vector<std::pair<double, double>> paired_steps;
   int experts_touched = 0;  // summed over MoE layers
   // --profile (host): eager milliseconds per step of each op, layer indices
   // folded ("layers.*.moe.experts"), most first.
