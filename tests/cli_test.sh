@@ -228,6 +228,7 @@ for p in j["prefill"]:
     assert p["best_gemm_ceiling_gflops"] >= p["gemm_ceiling_gflops"], p
     assert close(p["fraction_of_gemm_ceiling"], p["gflops"] / p["gemm_ceiling_gflops"]), p
     assert close(p["fraction_of_best_gemm_ceiling"], p["gflops"] / p["best_gemm_ceiling_gflops"]), p
+    assert p["ceiling_defect"] == (p["gflops"] > p["gemm_ceiling_gflops"]), p
 assert j["prefill"][1]["gflop"] > j["prefill"][0]["gflop"], j["prefill"]
 c = j["contention"]
 assert c["busy_threads"] == 1 and c["capture_seconds_quiet"] > 0 and c["capture_seconds_contended"] > 0, c

@@ -45,6 +45,13 @@ PrefillCeilings CeilingsOf(const BenchReport& r, const PrefillResult& p) {
           std::max(measured, p.ceiling_best_gflops)};
 }
 
+// A prefill faster than a GEMM ceiling measured beside it or at best: the
+// ceiling, not the run, is wrong (as ProbeDefect for decode).
+bool CeilingDefect(const PrefillCeilings& ceiling, double gflops) {
+  return (ceiling.beside > 0 && gflops > ceiling.beside) ||
+         (ceiling.best > 0 && gflops > ceiling.best);
+}
+
 // The attention op's share of a profiled step (--profile, host): the eager
 // milliseconds of layers.*.attn.mla, 0 when not profiled.
 constexpr const char* kAttentionOp = "layers.*.attn.mla";
@@ -292,6 +299,7 @@ void PrintBenchJson(const BenchReport& r) {
       e["fraction_of_gemm_ceiling"] = gflops / ceiling.beside;
       e["best_gemm_ceiling_gflops"] = ceiling.best;
       e["fraction_of_best_gemm_ceiling"] = gflops / ceiling.best;
+      e["ceiling_defect"] = CeilingDefect(ceiling, gflops);
     }
     for (const auto& [op, ms] : p.profile_ms) e["profile_ms"].push_back({{"op", op}, {"ms", ms}});
     j["prefill"].push_back(std::move(e));
@@ -500,6 +508,16 @@ void PrintBenchText(const BenchReport& r) {
         "(GEMM ceiling: the better of the host GEMM and OpenBLAS on the model's projection at "
         "the prompt's row count, measured just before and just after the median run, the "
         "better of the two; best ceiling: the best of every such measurement in this run)\n");
+  }
+  for (const PrefillResult& p : r.prefill) {
+    const double gflops = p.flops / (p.ms / 1e3) / 1e9;
+    const PrefillCeilings ceiling = CeilingsOf(r, p);
+    if (!CeilingDefect(ceiling, gflops)) continue;
+    std::printf(
+        "ceiling defect: the prefill of %d tokens ran at %.1f GFLOP/s, above the GEMM ceiling "
+        "(%.1f GFLOP/s beside it, %.1f at best): the ceiling is too low, so its 'of ceil' reads "
+        "high\n",
+        p.tokens, gflops, ceiling.beside, ceiling.best);
   }
   for (const PrefillResult& p : r.prefill) {
     if (p.profile_ms.empty()) continue;
